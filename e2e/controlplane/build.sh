@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Builds the pinned control-plane binaries (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, etcd, kwok) from Go modules into a cache directory
+# outside the repository, keyed by the pinned versions. Prints the binary
+# directory on its last line of stdout. Does nothing for binaries already built.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$here"
+
+# The key changes whenever a pinned version changes (go.mod / go.sum / this script).
+key=$(cat go.mod go.sum build.sh | sha256sum | cut -c1-16)
+k8s_version=$(awk '$1=="k8s.io/kubernetes"{print $2}' go.mod)
+etcd_version=$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2}' go.mod)
+kwok_version=$(awk '$1=="sigs.k8s.io/kwok"{print $2}' go.mod)
+cache_root=${NODEWARDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodewarden}
+bin_dir="$cache_root/controlplane/${k8s_version}-etcd${etcd_version}-kwok${kwok_version}-${key}"
+mkdir -p "$bin_dir"
+
+# Never download a Go toolchain: the pinned modules need the local Go >= 1.26.
+export GOTOOLCHAIN=local
+export GOFLAGS="-mod=readonly -buildvcs=false"
+export CGO_ENABLED=0
+
+go_minor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
+if [ "${go_minor:-0}" -lt 26 ]; then
+  echo "controlplane: Go >= 1.26 is required (found $(go env GOVERSION))" >&2
+  exit 1
+fi
+
+k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${k8s_version}"
+k8s_ldflags+=" -X k8s.io/component-base/version.gitMajor=1"
+k8s_ldflags+=" -X k8s.io/component-base/version.gitMinor=$(echo "$k8s_version" | cut -d. -f2)"
+k8s_ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+
+# name | package | module | ldflags
+targets=(
+  "etcd|go.etcd.io/etcd/server/v3|go.etcd.io/etcd/server/v3@${etcd_version}|-s -w"
+  "kube-apiserver|k8s.io/kubernetes/cmd/kube-apiserver|k8s.io/kubernetes@${k8s_version}|${k8s_ldflags}"
+  "kube-controller-manager|k8s.io/kubernetes/cmd/kube-controller-manager|k8s.io/kubernetes@${k8s_version}|${k8s_ldflags}"
+  "kube-scheduler|k8s.io/kubernetes/cmd/kube-scheduler|k8s.io/kubernetes@${k8s_version}|${k8s_ldflags}"
+  "kubectl|k8s.io/kubernetes/cmd/kubectl|k8s.io/kubernetes@${k8s_version}|${k8s_ldflags}"
+  "kwok|sigs.k8s.io/kwok/cmd/kwok|sigs.k8s.io/kwok@${kwok_version}|-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok_version}"
+)
+
+# kwok simulates nodes and pods through "stages"; these are the ones kwokctl
+# uses by default (fast node start, node heartbeat with lease, fast pods),
+# taken from the pinned kwok module.
+kwok_stages="kustomize/stage/node/fast/node-initialize.yaml
+kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+kustomize/stage/pod/fast/pod-ready.yaml
+kustomize/stage/pod/fast/pod-complete.yaml
+kustomize/stage/pod/fast/pod-delete.yaml"
+
+write_kwok_stages() {
+  local dir f
+  dir=$(go mod download -json "sigs.k8s.io/kwok@${kwok_version}" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  [ -n "$dir" ] || { echo "controlplane: cannot locate module sigs.k8s.io/kwok@${kwok_version}" >&2; return 1; }
+  for f in $kwok_stages; do
+    echo "---"
+    cat "$dir/$f"
+  done >"$bin_dir/.kwok-stages.yaml.tmp"
+  mv "$bin_dir/.kwok-stages.yaml.tmp" "$bin_dir/kwok-stages.yaml"
+}
+
+missing=()
+for t in "${targets[@]}"; do
+  IFS='|' read -r name _ _ _ <<<"$t"
+  [ -x "$bin_dir/$name" ] || missing+=("$name")
+done
+if [ ${#missing[@]} -eq 0 ] && [ -s "$bin_dir/kwok-stages.yaml" ]; then
+  echo "controlplane: all binaries present in $bin_dir" >&2
+  echo "$bin_dir"
+  exit 0
+fi
+
+echo "controlplane: downloading modules (k8s ${k8s_version}, etcd ${etcd_version}, kwok ${kwok_version})" >&2
+if ! out=$(go mod download 2>&1); then
+  echo "controlplane: go mod download failed:" >&2
+  echo "$out" >&2
+  exit 1
+fi
+
+i=0
+for t in "${targets[@]}"; do
+  IFS='|' read -r name pkg module ldflags <<<"$t"
+  i=$((i + 1))
+  if [ -x "$bin_dir/$name" ]; then
+    echo "controlplane: [$i/${#targets[@]}] $name already built" >&2
+    continue
+  fi
+  echo "controlplane: [$i/${#targets[@]}] building $name from $module ..." >&2
+  start=$(date +%s)
+  # Build to a temporary name first so an interrupted build never leaves a
+  # half-written binary that a later run would take as done.
+  if ! out=$(go build -trimpath -ldflags "$ldflags" -o "$bin_dir/.$name.tmp" "$pkg" 2>&1); then
+    echo "controlplane: building $name from module $module failed:" >&2
+    echo "$out" >&2
+    rm -f "$bin_dir/.$name.tmp"
+    exit 1
+  fi
+  mv "$bin_dir/.$name.tmp" "$bin_dir/$name"
+  echo "controlplane: [$i/${#targets[@]}] $name built in $(($(date +%s) - start)) s" >&2
+done
+
+write_kwok_stages || exit 1
+echo "controlplane: binaries in $bin_dir ($(du -sh "$bin_dir" | cut -f1))" >&2
+echo "$bin_dir"

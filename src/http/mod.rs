@@ -1,0 +1,1 @@
+//! The hyper server for /healthz, /readyz and /metrics.

@@ -1,0 +1,12 @@
+//! nodewarden: a Kubernetes operator that keeps every node on the OS image and
+//! Kubernetes version its operators asked for.
+//!
+//! Layout: `api` holds the custom resource types (no IO), `runtime` the
+//! hand-written watch/queue/leader machinery, `http` the health and metrics
+//! server, `telemetry` logging and metrics setup.
+
+pub mod api;
+pub mod error;
+pub mod http;
+pub mod runtime;
+pub mod telemetry;

@@ -1,0 +1,705 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, to client-go's rules.
+//!
+//! Why hand-written: `kube-leader-election` writes the Lease with a merge patch
+//! that carries no resourceVersion precondition, so two replicas that both see
+//! an expired lease can both "win". nodewarden deletes nodes; it needs at most
+//! one leader at any moment.
+//!
+//! Safety rests on two rules:
+//! 1. Every write of the Lease (create, acquire, renew, release) is conditioned
+//!    on the resourceVersion this candidate just read. Of two candidates that
+//!    saw the same record, at most one write succeeds; the other gets 409.
+//! 2. Time is only measured on the local monotonic clock, never by comparing
+//!    the record's timestamps with it (machines' wall clocks disagree). A
+//!    candidate treats a lease as expired `leaseDurationSeconds` after it *saw*
+//!    the record last change; the holder treats itself as leader only until
+//!    `renew_deadline` after it *started* its last successful renewal.
+//!
+//! A renewal is committed after it was started and seen by others after it was
+//! committed, so with `renew_deadline < lease_duration` the old leader's handle
+//! says "not leader" before any other candidate may take the lease — even if
+//! the old leader is cut off or its renew loop is stuck.
+//!
+//! Like client-go, this cannot protect against someone deleting the Lease by
+//! hand while it is held: the next candidate creates it at once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::PostParams;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result};
+use crate::runtime::rate_limiter::lock;
+
+/// client-go's jitter factor for the acquire loop: waits are uniform in
+/// `[retry_period, retry_period × 2.2)`.
+const JITTER_FACTOR: f64 = 1.2;
+
+/// Timing and identity of one candidate. `new` gives client-go's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderElectionConfig {
+    pub namespace: String,
+    pub lease_name: String,
+    /// Must be unique per process (e.g. pod name plus a random suffix): two
+    /// processes with one identity would both consider themselves the holder.
+    pub identity: String,
+    /// How long others wait after the lease last changed before taking it.
+    /// Written to the Lease rounded up to whole seconds.
+    pub lease_duration: Duration,
+    /// How long the leader keeps acting without a successful renewal.
+    pub renew_deadline: Duration,
+    /// Pause between acquire attempts (jittered) and between renewals.
+    pub retry_period: Duration,
+}
+
+/// A [`LeaderElectionConfig`] that would break the guarantees.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid leader election config: {0}")]
+pub struct ConfigError(String);
+
+impl LeaderElectionConfig {
+    /// client-go's defaults: lease 15 s, renew deadline 10 s, retry 2 s.
+    pub fn new(
+        namespace: impl Into<String>,
+        lease_name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
+        LeaderElectionConfig {
+            namespace: namespace.into(),
+            lease_name: lease_name.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// Checks client-go's rule `lease_duration > renew_deadline > 1.2 × retry_period`:
+    /// the first keeps the old leader's deadline ahead of others' expiry, the
+    /// second leaves room for at least one retry of a failed renewal.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |why: &str| Err(ConfigError(why.to_owned()));
+        if self.identity.is_empty() {
+            return fail("identity must not be empty");
+        }
+        if self.namespace.is_empty() || self.lease_name.is_empty() {
+            return fail("namespace and lease name must not be empty");
+        }
+        if self.retry_period.is_zero() {
+            return fail("retry_period must be positive");
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return fail("lease_duration must be greater than renew_deadline");
+        }
+        if self.renew_deadline <= self.retry_period.mul_f64(JITTER_FACTOR) {
+            return fail("renew_deadline must be greater than 1.2 × retry_period");
+        }
+        if self.lease_duration > Duration::from_secs(i32::MAX as u64) {
+            return fail("lease_duration does not fit leaseDurationSeconds");
+        }
+        Ok(())
+    }
+
+    /// `leaseDurationSeconds` to write: rounded up, so others never wait less
+    /// than our own `lease_duration` (which the deadline check relies on).
+    fn lease_seconds(&self) -> i32 {
+        let whole = self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        i32::try_from(whole.max(1)).unwrap_or(i32::MAX)
+    }
+}
+
+/// State shared between the election loop and its handles.
+#[derive(Debug)]
+struct Shared {
+    identity: String,
+    /// While leading: when leadership lapses unless a renewal succeeds first.
+    valid_until: Mutex<Option<Instant>>,
+    leading: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn lead_until(&self, until: Instant) {
+        *lock(&self.valid_until) = Some(until);
+        self.leading
+            .send_if_modified(|leading| !std::mem::replace(leading, true));
+    }
+
+    fn stop_leading(&self) {
+        *lock(&self.valid_until) = None;
+        self.leading
+            .send_if_modified(|leading| std::mem::replace(leading, false));
+    }
+}
+
+/// A cheap view of one candidate's leadership, for the code that acts on it.
+#[derive(Clone, Debug)]
+pub struct LeaderHandle {
+    shared: Arc<Shared>,
+}
+
+impl LeaderHandle {
+    /// True only while this replica holds the lease and its last successful
+    /// renewal started less than `renew_deadline` ago. Decided by the clock,
+    /// not by the election loop, so a stuck loop cannot keep it true. Check it
+    /// right before anything disruptive.
+    pub fn is_leader(&self) -> bool {
+        lock(&self.shared.valid_until).is_some_and(|until| Instant::now() < until)
+    }
+
+    /// [`Error::NotLeader`] unless [`Self::is_leader`], for use with `?`.
+    pub fn ensure_leader(&self) -> Result<()> {
+        if self.is_leader() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    /// Leadership transitions, to start and stop workers. The value follows
+    /// the election loop, so it may turn false slightly later than
+    /// [`Self::is_leader`] does; never rely on it alone before acting.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.shared.leading.subscribe()
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.shared.identity
+    }
+}
+
+/// What one attempt to take or keep the lease found.
+#[derive(Debug)]
+enum Attempt {
+    /// The lease now names us (created, acquired or renewed).
+    Held,
+    /// Another candidate holds the lease; by our clock it expires at `expires_at`.
+    HeldByOther { holder: String, expires_at: Instant },
+    /// Someone else wrote the lease between our read and our write.
+    Conflict,
+}
+
+/// The record as this candidate last saw it, and when (by the local clock) it
+/// last saw it change.
+#[derive(Clone, Debug)]
+struct Observed {
+    spec: LeaseSpec,
+    resource_version: String,
+    at: Instant,
+}
+
+impl Observed {
+    /// Folds a fresh read into the previous observation: the expiry clock
+    /// restarts only when the record changed.
+    fn next(previous: Option<Observed>, spec: LeaseSpec, resource_version: String, now: Instant) -> Self {
+        match previous {
+            Some(p) if p.spec == spec && p.resource_version == resource_version => p,
+            _ => Observed {
+                spec,
+                resource_version,
+                at: now,
+            },
+        }
+    }
+
+    fn holder(&self) -> Option<&str> {
+        self.spec.holder_identity.as_deref().filter(|h| !h.is_empty())
+    }
+
+    /// `fallback` stands in for a missing or nonsensical leaseDurationSeconds.
+    fn expires_at(&self, fallback: Duration) -> Instant {
+        let secs = self
+            .spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok());
+        self.at + secs.filter(|s| *s > 0).map_or(fallback, Duration::from_secs)
+    }
+
+    /// May `identity` write itself into the lease at `now`? Yes if it is free
+    /// (released), already ours, or expired by our clock.
+    fn available_to(&self, identity: &str, fallback: Duration, now: Instant) -> bool {
+        match self.holder() {
+            None => true,
+            Some(holder) if holder == identity => true,
+            Some(_) => now >= self.expires_at(fallback),
+        }
+    }
+}
+
+/// The record that makes `identity` the holder, following client-go: a new
+/// holder counts a transition and sets acquireTime; a renewal keeps both.
+fn holding_spec(current: &LeaseSpec, identity: &str, lease_seconds: i32, now: Timestamp) -> LeaseSpec {
+    let renewing = current.holder_identity.as_deref() == Some(identity);
+    let transitions = current.lease_transitions.unwrap_or(0);
+    LeaseSpec {
+        holder_identity: Some(identity.to_owned()),
+        lease_duration_seconds: Some(lease_seconds),
+        renew_time: Some(MicroTime(now)),
+        acquire_time: match &current.acquire_time {
+            Some(t) if renewing => Some(t.clone()),
+            _ => Some(MicroTime(now)),
+        },
+        lease_transitions: Some(if renewing {
+            transitions
+        } else {
+            transitions.saturating_add(1)
+        }),
+        // Keep fields we do not manage (strategy, preferredHolder).
+        ..current.clone()
+    }
+}
+
+/// client-go's `wait.JitterUntil(retry, 1.2)`: uniform in `[retry, 2.2 × retry)`.
+fn jittered(retry: Duration) -> Duration {
+    jitter(retry, rand::random::<f64>())
+}
+
+/// `unit` is uniform in `[0, 1)`.
+fn jitter(retry: Duration, unit: f64) -> Duration {
+    retry.mul_f64(1.0 + JITTER_FACTOR * unit)
+}
+
+fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 409)
+}
+
+/// One candidate for leadership. Create it, hand out [`LeaderHandle`]s, then `run` it.
+pub struct LeaderElector {
+    api: Api<Lease>,
+    config: LeaderElectionConfig,
+    shared: Arc<Shared>,
+    observed: Option<Observed>,
+}
+
+impl LeaderElector {
+    /// Fails when the config would break the guarantees (see [`LeaderElectionConfig::validate`]).
+    pub fn new(client: kube::Client, config: LeaderElectionConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let shared = Arc::new(Shared {
+            identity: config.identity.clone(),
+            valid_until: Mutex::new(None),
+            leading: watch::Sender::new(false),
+        });
+        Ok(LeaderElector {
+            api: Api::namespaced(client, &config.namespace),
+            config,
+            shared,
+            observed: None,
+        })
+    }
+
+    pub fn handle(&self) -> LeaderHandle {
+        LeaderHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Campaigns, leads, and campaigns again after losing the lease (hot
+    /// standby) until `shutdown` is cancelled. Then it stops leading (the
+    /// handle turns false) and, if the lease names this candidate, releases it
+    /// so a standby takes over within about one retry period.
+    ///
+    /// Cancel `shutdown` after the guarded workers have stopped: the lease is
+    /// released right after the handle turns false.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        info!(identity = %self.shared.identity, lease = %self.lease_ref(), "leader election started");
+        while let Some(acquired) = self.acquire(&shutdown).await {
+            self.lead(acquired, &shutdown).await;
+        }
+        self.shared.stop_leading();
+        self.release().await;
+    }
+
+    fn lease_ref(&self) -> String {
+        format!("{}/{}", self.config.namespace, self.config.lease_name)
+    }
+
+    /// Tries until the lease is ours; returns when the successful attempt
+    /// started, or `None` on shutdown.
+    async fn acquire(&mut self, shutdown: &CancellationToken) -> Option<Instant> {
+        loop {
+            if shutdown.is_cancelled() {
+                return None;
+            }
+            let started = Instant::now();
+            let retry = jittered(self.config.retry_period);
+            let wait = match self.attempt(self.config.renew_deadline).await {
+                // Cancelled while the attempt ran: `run` releases what we just took.
+                Ok(Attempt::Held) if shutdown.is_cancelled() => return None,
+                Ok(Attempt::Held) => return Some(started),
+                // Also wake when the lease expires by our clock: takes up to one
+                // jittered retry period off failover after a crash.
+                Ok(Attempt::HeldByOther { expires_at, .. }) => {
+                    retry.min(expires_at.saturating_duration_since(Instant::now()))
+                }
+                Ok(Attempt::Conflict) => {
+                    debug!(identity = %self.shared.identity, "another candidate wrote the lease first");
+                    retry
+                }
+                Err(err) => {
+                    warn!(identity = %self.shared.identity, lease = %self.lease_ref(), error = %err, "could not acquire the lease");
+                    retry
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Leads from `acquired` (start of the winning attempt) until a renewal
+    /// misses the deadline, another candidate holds the lease, or shutdown.
+    async fn lead(&mut self, acquired: Instant, shutdown: &CancellationToken) {
+        let renew_deadline = self.config.renew_deadline;
+        let mut valid_until = acquired + renew_deadline;
+        let mut last_try = acquired;
+        self.shared.lead_until(valid_until);
+        info!(identity = %self.shared.identity, lease = %self.lease_ref(), "became leader");
+        let reason = loop {
+            // Wake at the deadline at the latest, so the watch channel follows
+            // `is_leader` closely even when renewals keep failing.
+            let next = (last_try + self.config.retry_period).min(valid_until);
+            tokio::select! {
+                _ = shutdown.cancelled() => break "shutting down".to_owned(),
+                _ = sleep_until(next) => {}
+            }
+            let started = Instant::now();
+            if started >= valid_until {
+                break format!("lease not renewed within {renew_deadline:?}");
+            }
+            last_try = started;
+            // Bounded by the deadline: a hung API call must not outlive it.
+            match self.attempt(valid_until - started).await {
+                Ok(Attempt::Held) => {
+                    valid_until = started + renew_deadline;
+                    self.shared.lead_until(valid_until);
+                }
+                Ok(Attempt::HeldByOther { holder, .. }) => break format!("lease taken by {holder}"),
+                Ok(Attempt::Conflict) => {
+                    debug!(identity = %self.shared.identity, "lease changed during renewal; retrying")
+                }
+                Err(err) => {
+                    warn!(identity = %self.shared.identity, lease = %self.lease_ref(), error = %err, "renewing the lease failed")
+                }
+            }
+        };
+        self.shared.stop_leading();
+        info!(identity = %self.shared.identity, lease = %self.lease_ref(), %reason, "stopped leading");
+    }
+
+    /// One read-then-conditional-write, given up after `limit`.
+    async fn attempt(&mut self, limit: Duration) -> Result<Attempt> {
+        match timeout(limit * 1000, self.try_acquire_or_renew()).await {
+            // MUTATION
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout {
+                what: format!("lease {}", self.lease_ref()),
+                after: limit,
+            }),
+        }
+    }
+
+    async fn try_acquire_or_renew(&mut self) -> Result<Attempt> {
+        let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
+            return self.create().await;
+        };
+        let now = Instant::now();
+        let resource_version = self.resource_version(&lease)?;
+        let spec = lease.spec.clone().unwrap_or_default();
+        let previous = self.observed.take();
+        let previous_holder = previous.as_ref().and_then(|p| p.holder().map(str::to_owned));
+        let observed = Observed::next(previous, spec, resource_version, now);
+        if observed.holder() != previous_holder.as_deref() {
+            info!(identity = %self.shared.identity, lease = %self.lease_ref(), holder = observed.holder().unwrap_or("<none>"), "lease holder changed");
+        }
+
+        let identity = &self.shared.identity;
+        let fallback = self.config.lease_duration;
+        if !observed.available_to(identity, fallback, now) {
+            let attempt = Attempt::HeldByOther {
+                holder: observed.holder().unwrap_or_default().to_owned(),
+                expires_at: observed.expires_at(fallback),
+            };
+            self.observed = Some(observed);
+            return Ok(attempt);
+        }
+        // The lease keeps the resourceVersion we read: `replace` is a PUT the
+        // API server rejects with 409 if anyone wrote in between.
+        lease.spec = Some(holding_spec(
+            &observed.spec,
+            identity,
+            self.config.lease_seconds(),
+            Timestamp::now(),
+        ));
+        self.observed = Some(observed);
+        match self
+            .api
+            .replace(&self.config.lease_name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => {
+                self.remember(written)?;
+                Ok(Attempt::Held)
+            }
+            Err(err) if is_conflict(&err) => Ok(Attempt::Conflict),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// The lease does not exist yet: create it holding it (409 if another
+    /// candidate created it first).
+    async fn create(&mut self) -> Result<Attempt> {
+        let mut spec = holding_spec(
+            &LeaseSpec::default(),
+            &self.shared.identity,
+            self.config.lease_seconds(),
+            Timestamp::now(),
+        );
+        spec.lease_transitions = Some(0);
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.config.lease_name.clone()),
+                namespace: Some(self.config.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+        };
+        match self.api.create(&PostParams::default(), &lease).await {
+            Ok(created) => {
+                self.remember(created)?;
+                Ok(Attempt::Held)
+            }
+            Err(err) if is_conflict(&err) => Ok(Attempt::Conflict),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Records our own successful write as the latest observation.
+    fn remember(&mut self, written: Lease) -> Result<()> {
+        let resource_version = self.resource_version(&written)?;
+        self.observed = Some(Observed {
+            spec: written.spec.unwrap_or_default(),
+            resource_version,
+            at: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// A lease without resourceVersion cannot be written conditionally: refuse it.
+    fn resource_version(&self, lease: &Lease) -> Result<String> {
+        lease
+            .metadata
+            .resource_version
+            .clone()
+            .filter(|rv| !rv.is_empty())
+            .ok_or_else(|| Error::InvalidObject {
+                kind: "Lease",
+                name: self.lease_ref(),
+                reason: "it has no metadata.resourceVersion".to_owned(),
+            })
+    }
+
+    /// Hands the lease over at once if it names us: no holder, 1 s duration.
+    async fn release(&self) {
+        let limit = self.config.renew_deadline;
+        let (identity, lease) = (&self.shared.identity, self.lease_ref());
+        match timeout(limit, self.try_release()).await {
+            Ok(Ok(true)) => info!(%identity, %lease, "released the lease"),
+            Ok(Ok(false)) => {}
+            Ok(Err(Error::Kube(err))) if is_conflict(&err) => {
+                info!(%identity, %lease, "lease changed before it could be released")
+            }
+            Ok(Err(err)) => {
+                warn!(%identity, %lease, error = %err, "could not release the lease; standbys take over when it expires")
+            }
+            Err(_) => {
+                warn!(%identity, %lease, "releasing the lease timed out after {limit:?}; standbys take over when it expires")
+            }
+        }
+    }
+
+    async fn try_release(&self) -> Result<bool> {
+        let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
+            return Ok(false);
+        };
+        self.resource_version(&lease)?;
+        let Some(spec) = lease.spec.as_mut() else {
+            return Ok(false);
+        };
+        if spec.holder_identity.as_deref() != Some(self.shared.identity.as_str()) {
+            return Ok(false);
+        }
+        let now = MicroTime(Timestamp::now());
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.acquire_time = Some(now.clone());
+        spec.renew_time = Some(now);
+        self.api
+            .replace(&self.config.lease_name, &PostParams::default(), &lease)
+            .await?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> LeaderElectionConfig {
+        LeaderElectionConfig::new("ns", "lease", "me")
+    }
+
+    fn spec(holder: Option<&str>, seconds: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: holder.map(str::to_owned),
+            lease_duration_seconds: Some(seconds),
+            lease_transitions: Some(4),
+            acquire_time: Some(MicroTime(Timestamp::UNIX_EPOCH)),
+            ..LeaseSpec::default()
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(config().validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_rejects_unsafe_timings_and_empty_identity() {
+        let secs = Duration::from_secs_f64;
+        let with = |f: fn(&mut LeaderElectionConfig)| {
+            let mut c = config();
+            f(&mut c);
+            c.validate()
+        };
+        assert!(with(|c| c.identity.clear()).is_err());
+        assert!(with(|c| c.lease_name.clear()).is_err());
+        assert!(with(|c| c.renew_deadline = c.lease_duration).is_err());
+        assert!(
+            with(|c| c.renew_deadline = Duration::from_millis(2400)).is_err(),
+            "2.4 s = 1.2 × retry is not enough"
+        );
+        assert!(with(|c| c.renew_deadline = Duration::from_millis(2410)).is_ok());
+        assert!(with(|c| c.retry_period = Duration::ZERO).is_err());
+        let mut small = config();
+        (small.lease_duration, small.renew_deadline, small.retry_period) = (secs(1.5), secs(1.0), secs(0.2));
+        assert_eq!(small.validate(), Ok(()));
+    }
+
+    #[test]
+    fn lease_seconds_round_up() {
+        let mut c = config();
+        assert_eq!(c.lease_seconds(), 15);
+        c.lease_duration = Duration::from_millis(1500);
+        assert_eq!(c.lease_seconds(), 2);
+        c.lease_duration = Duration::from_millis(300);
+        assert_eq!(c.lease_seconds(), 1);
+    }
+
+    #[test]
+    fn expiry_counts_from_when_the_record_was_seen_to_change() {
+        let t0 = Instant::now();
+        let fallback = Duration::from_secs(15);
+        let seen = Observed::next(None, spec(Some("other"), 3), "1".into(), t0);
+        assert!(!seen.available_to("me", fallback, t0 + Duration::from_millis(2999)));
+        assert!(seen.available_to("me", fallback, t0 + Duration::from_secs(3)));
+
+        // Seeing the same record again does not restart the clock...
+        let again = Observed::next(
+            Some(seen.clone()),
+            spec(Some("other"), 3),
+            "1".into(),
+            t0 + Duration::from_secs(2),
+        );
+        assert_eq!(again.at, t0);
+        // ...but any change does, whatever the record's own timestamps say.
+        let renewed = Observed::next(
+            Some(again),
+            spec(Some("other"), 3),
+            "2".into(),
+            t0 + Duration::from_secs(2),
+        );
+        assert_eq!(renewed.at, t0 + Duration::from_secs(2));
+        assert!(!renewed.available_to("me", fallback, t0 + Duration::from_secs(4)));
+        assert_eq!(renewed.expires_at(fallback), t0 + Duration::from_secs(5));
+    }
+
+    #[test]
+    fn free_or_own_lease_is_available_at_once() {
+        let t0 = Instant::now();
+        let fallback = Duration::from_secs(15);
+        let released = Observed::next(None, spec(None, 1), "1".into(), t0);
+        assert!(released.available_to("me", fallback, t0));
+        let empty = Observed::next(None, spec(Some(""), 15), "1".into(), t0);
+        assert!(empty.available_to("me", fallback, t0));
+        let ours = Observed::next(None, spec(Some("me"), 15), "1".into(), t0);
+        assert!(ours.available_to("me", fallback, t0));
+    }
+
+    #[test]
+    fn missing_duration_falls_back_to_our_own() {
+        let t0 = Instant::now();
+        let mut s = spec(Some("other"), 0);
+        s.lease_duration_seconds = None;
+        let seen = Observed::next(None, s, "1".into(), t0);
+        assert_eq!(
+            seen.expires_at(Duration::from_secs(15)),
+            t0 + Duration::from_secs(15)
+        );
+    }
+
+    #[test]
+    fn new_holder_counts_a_transition_and_renewal_keeps_it() {
+        let now = Timestamp::from_second(1_000).unwrap_or(Timestamp::UNIX_EPOCH);
+        let taken = holding_spec(&spec(Some("other"), 15), "me", 15, now);
+        assert_eq!(taken.holder_identity.as_deref(), Some("me"));
+        assert_eq!(taken.lease_transitions, Some(5));
+        assert_eq!(taken.acquire_time, Some(MicroTime(now)));
+        assert_eq!(taken.renew_time, Some(MicroTime(now)));
+
+        let renewed = holding_spec(&spec(Some("me"), 15), "me", 15, now);
+        assert_eq!(renewed.lease_transitions, Some(4));
+        assert_eq!(renewed.acquire_time, Some(MicroTime(Timestamp::UNIX_EPOCH)));
+        assert_eq!(renewed.renew_time, Some(MicroTime(now)));
+    }
+
+    #[test]
+    fn jitter_stays_within_client_go_range() {
+        let retry = Duration::from_secs(2);
+        assert_eq!(jitter(retry, 0.0), retry);
+        assert!(jitter(retry, 0.999_999) < Duration::from_millis(4400));
+        for _ in 0..10_000 {
+            let wait = jittered(retry);
+            assert!(wait >= retry && wait < Duration::from_millis(4400), "{wait:?}");
+        }
+    }
+
+    #[test]
+    fn handle_turns_false_at_the_deadline_without_the_loop() {
+        let shared = Arc::new(Shared {
+            identity: "me".into(),
+            valid_until: Mutex::new(None),
+            leading: watch::Sender::new(false),
+        });
+        let handle = LeaderHandle {
+            shared: Arc::clone(&shared),
+        };
+        assert!(!handle.is_leader());
+        shared.lead_until(Instant::now() + Duration::from_secs(60));
+        assert!(handle.is_leader() && *handle.subscribe().borrow());
+        // A deadline in the past: the loop has not noticed yet, the handle has.
+        shared.lead_until(Instant::now());
+        assert!(!handle.is_leader());
+        assert!(matches!(handle.ensure_leader(), Err(Error::NotLeader)));
+        shared.stop_leading();
+        assert!(!*handle.subscribe().borrow());
+    }
+}

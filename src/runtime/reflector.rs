@@ -1,0 +1,393 @@
+//! A reflector: keeps a [`Store`] equal to the API server's view of one
+//! resource type, with client-go's list-and-watch rules (see
+//! shared/reference/client-go-semantics.md):
+//!
+//! - first a paged list at `resourceVersion=0` (served from the watch cache);
+//! - then a watch from the list's resourceVersion with bookmarks and a random
+//!   5–10 min timeout; a watch that ends is restarted from the last seen
+//!   resourceVersion without relisting;
+//! - 410 Gone → relist from the last resourceVersion, and if that is expired
+//!   too, a consistent list (`resourceVersion=""`);
+//! - objects missing from a relist are reported as deletions;
+//! - errors back off 800 ms → 30 s with jitter, reset after 2 min healthy.
+//!
+//! Every object passes through a transform (by default: strip managedFields)
+//! before it is stored, and every change is handed to the registered handlers
+//! after the store is updated.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::Resource;
+use kube::api::{Api, ListParams, VersionMatch, WatchEvent, WatchParams};
+use rand::Rng;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use super::backoff::{Backoff, BackoffConfig};
+use super::store::{ObjectKey, Store};
+
+/// A change the reflector applied to its store.
+#[derive(Debug)]
+pub enum Event<K> {
+    Added(Arc<K>),
+    Updated {
+        old: Arc<K>,
+        new: Arc<K>,
+    },
+    /// The object was deleted, or vanished while the watch was disconnected
+    /// (then this is its last known state).
+    Deleted(Arc<K>),
+}
+
+impl<K> Event<K> {
+    /// The object as it is now (for a deletion: as it was last seen).
+    pub fn object(&self) -> &Arc<K> {
+        match self {
+            Event::Added(o) | Event::Deleted(o) => o,
+            Event::Updated { new, .. } => new,
+        }
+    }
+}
+
+pub type Handler<K> = Arc<dyn Fn(&Event<K>) + Send + Sync>;
+pub type Transform<K> = Arc<dyn Fn(K) -> K + Send + Sync>;
+
+#[derive(Clone, Debug)]
+pub struct ReflectorConfig {
+    pub label_selector: Option<String>,
+    pub field_selector: Option<String>,
+    /// Objects per list page.
+    pub page_size: u32,
+    /// Each watch asks the server to end it after a random time in this range,
+    /// so that many clients do not reconnect at once.
+    pub watch_timeout: (Duration, Duration),
+    pub backoff: BackoffConfig,
+}
+
+impl Default for ReflectorConfig {
+    fn default() -> Self {
+        ReflectorConfig {
+            label_selector: None,
+            field_selector: None,
+            page_size: 500,
+            watch_timeout: (Duration::from_secs(300), Duration::from_secs(600)),
+            backoff: BackoffConfig::default(),
+        }
+    }
+}
+
+/// Where a list reads from.
+#[derive(Clone, Debug, PartialEq)]
+enum ListFrom {
+    /// `resourceVersion=0`: any version, served from the watch cache.
+    Cache,
+    /// Not older than the given version (after a 410, to keep moving forward).
+    NotOlderThan(String),
+    /// `resourceVersion=""`: a consistent read from etcd.
+    Consistent,
+}
+
+/// Why a list or watch stopped.
+#[derive(Debug)]
+enum Stop {
+    /// 410 Gone: the version we asked for has been compacted away.
+    Gone,
+    /// Any other failure: back off and try again.
+    Failed,
+    Shutdown,
+}
+
+/// Counters of what a reflector did, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct ReflectorStats {
+    /// Completed full lists (the first one and every relist).
+    pub lists: AtomicU64,
+    /// Watches started.
+    pub watches: AtomicU64,
+    /// 410 Gone answers (each one forces a relist).
+    pub expired: AtomicU64,
+    /// Failed list or watch attempts (each one backs off).
+    pub failures: AtomicU64,
+}
+
+pub struct Reflector<K> {
+    name: String,
+    stats: Arc<ReflectorStats>,
+    api: Api<K>,
+    config: ReflectorConfig,
+    store: Store<K>,
+    transform: Transform<K>,
+    handlers: Vec<Handler<K>>,
+}
+
+/// The default transform: managedFields are large and no controller reads them.
+pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
+}
+
+impl<K> Reflector<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// `name` identifies the reflector in logs (e.g. "nodes").
+    pub fn new(name: &str, api: Api<K>, config: ReflectorConfig) -> Self {
+        Reflector {
+            name: name.to_owned(),
+            stats: Arc::default(),
+            api,
+            config,
+            store: Store::new(),
+            transform: Arc::new(strip_managed_fields::<K>),
+            handlers: Vec::new(),
+        }
+    }
+
+    /// Replaces the transform applied to every object before it is stored.
+    pub fn with_transform(mut self, transform: impl Fn(K) -> K + Send + Sync + 'static) -> Self {
+        self.transform = Arc::new(transform);
+        self
+    }
+
+    /// Registers a handler called after each store change. Handlers run on the
+    /// reflector's task: they must be quick (typically: enqueue keys).
+    pub fn on_event(&mut self, handler: impl Fn(&Event<K>) + Send + Sync + 'static) {
+        self.handlers.push(Arc::new(handler));
+    }
+
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    pub fn stats(&self) -> Arc<ReflectorStats> {
+        self.stats.clone()
+    }
+
+    /// Lists and watches until `shutdown` is cancelled.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut backoff = Backoff::new(self.config.backoff);
+        let mut list_from = ListFrom::Cache;
+        loop {
+            let listed = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                listed = self.list(&list_from) => listed,
+            };
+            let mut last_rv = match listed {
+                Ok(rv) => rv,
+                Err(Stop::Gone) => {
+                    // What we asked for is compacted away: read the newest state.
+                    tracing::info!(reflector = %self.name, "list version expired; listing consistently");
+                    list_from = ListFrom::Consistent;
+                    continue;
+                }
+                Err(_) => {
+                    if self.sleep(&mut backoff, &shutdown).await.is_some() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            match self.watch(&mut last_rv, &mut backoff, &shutdown).await {
+                Stop::Shutdown | Stop::Failed => return,
+                Stop::Gone => {
+                    tracing::info!(reflector = %self.name, resource_version = %last_rv, "watch expired (410); relisting");
+                    list_from = ListFrom::NotOlderThan(last_rv);
+                }
+            }
+        }
+    }
+
+    /// A paged list into the store. Returns the list's resourceVersion.
+    async fn list(&self, from: &ListFrom) -> Result<String, Stop> {
+        let mut params = ListParams {
+            label_selector: self.config.label_selector.clone(),
+            field_selector: self.config.field_selector.clone(),
+            limit: Some(self.config.page_size),
+            ..ListParams::default()
+        };
+        match from {
+            ListFrom::Cache => params.resource_version = Some("0".into()),
+            ListFrom::NotOlderThan(rv) => {
+                params.resource_version = Some(rv.clone());
+                params.version_match = Some(VersionMatch::NotOlderThan);
+            }
+            ListFrom::Consistent => {}
+        }
+        let mut objects = Vec::new();
+        let mut list_rv = None;
+        loop {
+            let page = match self.api.list(&params).await {
+                Ok(page) => page,
+                Err(e) if is_gone(&e) => {
+                    self.stats.expired.fetch_add(1, Ordering::Relaxed);
+                    return Err(Stop::Gone);
+                }
+                Err(e) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(reflector = %self.name, error = %e, "list failed");
+                    return Err(Stop::Failed);
+                }
+            };
+            if list_rv.is_none() {
+                list_rv = page.metadata.resource_version.clone();
+            }
+            for obj in page.items {
+                let obj = (self.transform)(obj);
+                if let Some(key) = ObjectKey::of(&obj) {
+                    objects.push((key, Arc::new(obj)));
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => {
+                    // Later pages are pinned by the token, not by a version.
+                    params.continue_token = Some(token);
+                    params.resource_version = None;
+                    params.version_match = None;
+                }
+                None => break,
+            }
+        }
+        let Some(list_rv) = list_rv else {
+            tracing::warn!(reflector = %self.name, "list answer without resourceVersion");
+            return Err(Stop::Failed);
+        };
+        let count = objects.len();
+        let changed = self.store.replace(objects);
+        for obj in changed.deleted {
+            self.emit(&Event::Deleted(obj));
+        }
+        for obj in changed.added {
+            self.emit(&Event::Added(obj));
+        }
+        for (old, new) in changed.updated {
+            if old.meta().resource_version != new.meta().resource_version {
+                self.emit(&Event::Updated { old, new });
+            }
+        }
+        self.store.mark_synced();
+        self.stats.lists.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(reflector = %self.name, count, resource_version = %list_rv, "listed");
+        Ok(list_rv)
+    }
+
+    /// Watches from `last_rv`, re-watching when a watch ends, until a 410 or
+    /// shutdown. Keeps `last_rv` at the newest version seen.
+    async fn watch(&self, last_rv: &mut String, backoff: &mut Backoff, shutdown: &CancellationToken) -> Stop {
+        loop {
+            let (lo, hi) = self.config.watch_timeout;
+            let timeout = rand::rng().random_range(lo.as_secs()..=hi.as_secs().max(lo.as_secs()));
+            let params = WatchParams {
+                label_selector: self.config.label_selector.clone(),
+                field_selector: self.config.field_selector.clone(),
+                timeout: Some(u32::try_from(timeout).unwrap_or(u32::MAX)),
+                bookmarks: true,
+                ..WatchParams::default()
+            };
+            let started = Instant::now();
+            let stream = tokio::select! {
+                _ = shutdown.cancelled() => return Stop::Shutdown,
+                s = self.api.watch(&params, last_rv) => s,
+            };
+            let mut stream = match stream {
+                Ok(s) => {
+                    self.stats.watches.fetch_add(1, Ordering::Relaxed);
+                    s.boxed()
+                }
+                Err(e) if is_gone(&e) => {
+                    self.stats.expired.fetch_add(1, Ordering::Relaxed);
+                    return Stop::Gone;
+                }
+                Err(e) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(reflector = %self.name, error = %e, "watch failed to start");
+                    if let Some(stop) = self.sleep(backoff, shutdown).await {
+                        return stop;
+                    }
+                    continue;
+                }
+            };
+            let mut failed = false;
+            loop {
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => return Stop::Shutdown,
+                    next = stream.next() => next,
+                };
+                match next {
+                    None => break,
+                    Some(Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj))) => {
+                        self.apply(obj, last_rv, false)
+                    }
+                    Some(Ok(WatchEvent::Deleted(obj))) => self.apply(obj, last_rv, true),
+                    Some(Ok(WatchEvent::Bookmark(b))) => *last_rv = b.metadata.resource_version,
+                    Some(Ok(WatchEvent::Error(status))) if status.code == 410 => {
+                        self.stats.expired.fetch_add(1, Ordering::Relaxed);
+                        return Stop::Gone;
+                    }
+                    Some(Ok(WatchEvent::Error(status))) => {
+                        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(reflector = %self.name, code = status.code, message = %status.message, "watch error");
+                        failed = true;
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(reflector = %self.name, error = %e, "watch stream broke");
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            // A watch that ended normally is restarted at once; one that failed
+            // right away backs off so a broken server is not hammered.
+            if failed
+                && started.elapsed() < Duration::from_secs(1)
+                && let Some(stop) = self.sleep(backoff, shutdown).await
+            {
+                return stop;
+            }
+        }
+    }
+
+    /// Backs off; Some(Shutdown) when cancelled meanwhile.
+    async fn sleep(&self, backoff: &mut Backoff, shutdown: &CancellationToken) -> Option<Stop> {
+        let delay = backoff.next_delay(Instant::now());
+        tokio::select! {
+            _ = shutdown.cancelled() => Some(Stop::Shutdown),
+            _ = tokio::time::sleep(delay) => None,
+        }
+    }
+
+    fn apply(&self, obj: K, last_rv: &mut String, deleted: bool) {
+        if let Some(rv) = &obj.meta().resource_version {
+            last_rv.clone_from(rv);
+        }
+        let obj = (self.transform)(obj);
+        let Some(key) = ObjectKey::of(&obj) else {
+            return;
+        };
+        if deleted {
+            let last = self.store.remove(&key).unwrap_or_else(|| Arc::new(obj));
+            self.emit(&Event::Deleted(last));
+        } else {
+            let obj = Arc::new(obj);
+            match self.store.insert(key, obj.clone()) {
+                Some(old) => self.emit(&Event::Updated { old, new: obj }),
+                None => self.emit(&Event::Added(obj)),
+            }
+        }
+    }
+
+    fn emit(&self, event: &Event<K>) {
+        for handler in &self.handlers {
+            handler(event);
+        }
+    }
+}
+
+fn is_gone(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 410)
+}

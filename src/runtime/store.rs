@@ -1,0 +1,400 @@
+//! A thread-safe object cache with named indexes, fed by a reflector.
+//!
+//! Objects are stored as `Arc<K>` and never mutated in place: readers get a
+//! cheap shared handle and a writer replaces the whole object. Each named index
+//! maps an index value to the set of object keys having it (an inverted index),
+//! kept in step on every add, update and delete; empty sets are removed.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use kube::Resource;
+use tokio::sync::watch;
+
+/// `namespace/name` (or just `name` for cluster-scoped objects).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: Option<&str>, name: &str) -> Self {
+        ObjectKey {
+            namespace: namespace.map(str::to_owned),
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn cluster(name: &str) -> Self {
+        ObjectKey::new(None, name)
+    }
+
+    /// The key of an object; None for an object without a name (never stored).
+    pub fn of<K: Resource>(obj: &K) -> Option<Self> {
+        let meta = obj.meta();
+        Some(ObjectKey {
+            namespace: meta.namespace.clone(),
+            name: meta.name.clone()?,
+        })
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+/// An index function: the index values of an object (none, one or many).
+pub type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+
+struct Index<K> {
+    func: IndexFn<K>,
+    values: HashMap<String, HashSet<ObjectKey>>,
+}
+
+struct Inner<K> {
+    objects: HashMap<ObjectKey, Arc<K>>,
+    indexes: HashMap<&'static str, Index<K>>,
+}
+
+/// The cache. Cheap to clone: clones share the same objects.
+pub struct Store<K> {
+    inner: Arc<RwLock<Inner<K>>>,
+    synced: watch::Sender<bool>,
+}
+
+impl<K> Clone for Store<K> {
+    fn clone(&self) -> Self {
+        Store {
+            inner: self.inner.clone(),
+            synced: self.synced.clone(),
+        }
+    }
+}
+
+impl<K> Default for Store<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K> Store<K> {
+    pub fn new() -> Self {
+        Store {
+            inner: Arc::new(RwLock::new(Inner {
+                objects: HashMap::new(),
+                indexes: HashMap::new(),
+            })),
+            synced: watch::Sender::new(false),
+        }
+    }
+
+    /// A poisoned lock only means a panic happened elsewhere while holding it;
+    /// every write below leaves the maps consistent before it can panic.
+    fn read(&self) -> RwLockReadGuard<'_, Inner<K>> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Inner<K>> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a named index; existing objects are indexed at once.
+    pub fn add_index(&self, name: &'static str, func: impl Fn(&K) -> Vec<String> + Send + Sync + 'static) {
+        let func: IndexFn<K> = Arc::new(func);
+        let mut inner = self.write();
+        let mut values: HashMap<String, HashSet<ObjectKey>> = HashMap::new();
+        for (key, obj) in &inner.objects {
+            for value in func(obj) {
+                values.entry(value).or_default().insert(key.clone());
+            }
+        }
+        inner.indexes.insert(name, Index { func, values });
+    }
+
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<K>> {
+        self.read().objects.get(key).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.read().objects.values().cloned().collect()
+    }
+
+    pub fn keys(&self) -> Vec<ObjectKey> {
+        self.read().objects.keys().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The objects whose index `index` has `value` (empty for an unknown index).
+    pub fn by_index(&self, index: &str, value: &str) -> Vec<Arc<K>> {
+        let inner = self.read();
+        let Some(idx) = inner.indexes.get(index) else {
+            return Vec::new();
+        };
+        idx.values
+            .get(value)
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| inner.objects.get(k).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The keys whose index `index` has `value`.
+    pub fn keys_by_index(&self, index: &str, value: &str) -> Vec<ObjectKey> {
+        let inner = self.read();
+        inner
+            .indexes
+            .get(index)
+            .and_then(|idx| idx.values.get(value))
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The values present in index `index`.
+    pub fn index_values(&self, index: &str) -> Vec<String> {
+        let inner = self.read();
+        inner
+            .indexes
+            .get(index)
+            .map(|idx| idx.values.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Inserts or replaces an object; returns the previous one.
+    pub fn insert(&self, key: ObjectKey, obj: Arc<K>) -> Option<Arc<K>> {
+        let mut inner = self.write();
+        let Inner { objects, indexes } = &mut *inner;
+        let old = objects.insert(key.clone(), obj.clone());
+        for idx in indexes.values_mut() {
+            if let Some(old) = &old {
+                unindex(idx, &key, old);
+            }
+            for value in (idx.func)(&obj) {
+                idx.values.entry(value).or_default().insert(key.clone());
+            }
+        }
+        old
+    }
+
+    /// Removes an object; returns it if it was there.
+    pub fn remove(&self, key: &ObjectKey) -> Option<Arc<K>> {
+        let mut inner = self.write();
+        let Inner { objects, indexes } = &mut *inner;
+        let old = objects.remove(key)?;
+        for idx in indexes.values_mut() {
+            unindex(idx, key, &old);
+        }
+        Some(old)
+    }
+
+    /// Replaces the whole content with `objects` (a fresh list). Returns, for
+    /// each object, what changed: the caller turns these into events, and in
+    /// particular reports objects that vanished as deletions.
+    pub fn replace(&self, objects: Vec<(ObjectKey, Arc<K>)>) -> Replaced<K> {
+        let mut fresh: HashMap<ObjectKey, Arc<K>> = HashMap::with_capacity(objects.len());
+        for (key, obj) in objects {
+            fresh.insert(key, obj);
+        }
+        let mut inner = self.write();
+        let mut out = Replaced {
+            added: Vec::new(),
+            updated: Vec::new(),
+            deleted: Vec::new(),
+        };
+        let old_objects = std::mem::take(&mut inner.objects);
+        for (key, old) in &old_objects {
+            if !fresh.contains_key(key) {
+                out.deleted.push(old.clone());
+            }
+        }
+        for (key, obj) in &fresh {
+            match old_objects.get(key) {
+                Some(old) => out.updated.push((old.clone(), obj.clone())),
+                None => out.added.push(obj.clone()),
+            }
+        }
+        for idx in inner.indexes.values_mut() {
+            idx.values.clear();
+            for (key, obj) in &fresh {
+                for value in (idx.func)(obj) {
+                    idx.values.entry(value).or_default().insert(key.clone());
+                }
+            }
+        }
+        inner.objects = fresh;
+        out
+    }
+
+    /// True once the first full list has been stored.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    pub(crate) fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
+    /// Resolves once the first full list has been stored.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        // Err only when the sender is gone, which cannot happen while `self` lives.
+        let _ = rx.wait_for(|synced| *synced).await;
+    }
+}
+
+fn unindex<K>(idx: &mut Index<K>, key: &ObjectKey, obj: &K) {
+    for value in (idx.func)(obj) {
+        if let Some(keys) = idx.values.get_mut(&value) {
+            keys.remove(key);
+            if keys.is_empty() {
+                idx.values.remove(&value);
+            }
+        }
+    }
+}
+
+/// What a `replace` changed.
+pub struct Replaced<K> {
+    pub added: Vec<Arc<K>>,
+    /// (old, new) for objects present before and after.
+    pub updated: Vec<(Arc<K>, Arc<K>)>,
+    /// Objects that were stored but are missing from the fresh list.
+    pub deleted: Vec<Arc<K>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::collections::BTreeMap;
+
+    fn cm(ns: &str, name: &str, color: &str) -> (ObjectKey, Arc<ConfigMap>) {
+        let mut obj = ConfigMap::default();
+        obj.metadata.namespace = Some(ns.into());
+        obj.metadata.name = Some(name.into());
+        obj.metadata.labels = Some(BTreeMap::from([("color".to_string(), color.to_string())]));
+        (ObjectKey::new(Some(ns), name), Arc::new(obj))
+    }
+
+    fn color_index(store: &Store<ConfigMap>) {
+        store.add_index("color", |c: &ConfigMap| {
+            c.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("color").cloned())
+                .into_iter()
+                .collect()
+        });
+    }
+
+    fn names(objs: &[Arc<ConfigMap>]) -> Vec<String> {
+        let mut v: Vec<String> = objs.iter().filter_map(|o| o.metadata.name.clone()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn index_follows_add_update_delete() {
+        let store = Store::new();
+        color_index(&store);
+        let (ka, a) = cm("ns", "a", "red");
+        let (kb, b) = cm("ns", "b", "red");
+        store.insert(ka.clone(), a);
+        store.insert(kb.clone(), b);
+        assert_eq!(names(&store.by_index("color", "red")), ["a", "b"]);
+
+        // An update moves the key from the old value to the new one.
+        let (_, a_blue) = cm("ns", "a", "blue");
+        store.insert(ka.clone(), a_blue);
+        assert_eq!(names(&store.by_index("color", "red")), ["b"]);
+        assert_eq!(names(&store.by_index("color", "blue")), ["a"]);
+
+        // A delete removes it, and an emptied value disappears altogether.
+        store.remove(&kb);
+        assert!(store.by_index("color", "red").is_empty());
+        assert_eq!(store.index_values("color"), ["blue"]);
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn index_added_late_covers_existing_objects() {
+        let store = Store::new();
+        let (k, a) = cm("ns", "a", "green");
+        store.insert(k, a);
+        color_index(&store);
+        assert_eq!(names(&store.by_index("color", "green")), ["a"]);
+        assert!(store.by_index("unknown", "green").is_empty());
+    }
+
+    #[test]
+    fn replace_reports_vanished_objects_as_deleted() {
+        let store = Store::new();
+        color_index(&store);
+        for (k, o) in [
+            cm("ns", "a", "red"),
+            cm("ns", "b", "red"),
+            cm("other", "a", "red"),
+        ] {
+            store.insert(k, o);
+        }
+        let changed = store.replace(vec![cm("ns", "b", "blue"), cm("ns", "c", "red")]);
+        assert_eq!(names(&changed.added), ["c"]);
+        assert_eq!(changed.updated.len(), 1);
+        let mut deleted: Vec<String> = changed
+            .deleted
+            .iter()
+            .map(|o| format!("{}", ObjectKey::of(o.as_ref()).expect("named")))
+            .collect();
+        deleted.sort();
+        assert_eq!(deleted, ["ns/a", "other/a"]);
+        assert_eq!(names(&store.by_index("color", "red")), ["c"]);
+        assert_eq!(names(&store.by_index("color", "blue")), ["b"]);
+        assert_eq!(store.len(), 2);
+    }
+
+    #[test]
+    fn stored_objects_are_shared_not_copied() {
+        let store = Store::new();
+        let (k, a) = cm("ns", "a", "red");
+        store.insert(k.clone(), a.clone());
+        let got = store.get(&k).expect("stored");
+        assert!(Arc::ptr_eq(&got, &a));
+    }
+
+    #[tokio::test]
+    async fn synced_signal_fires_once_marked() {
+        let store: Store<ConfigMap> = Store::new();
+        assert!(!store.is_synced());
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move { store.wait_synced().await })
+        };
+        store.mark_synced();
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiter)
+            .await
+            .expect("wait_synced resolves")
+            .expect("task ran");
+        assert!(store.is_synced());
+    }
+
+    #[test]
+    fn key_display() {
+        assert_eq!(ObjectKey::new(Some("ns"), "a").to_string(), "ns/a");
+        assert_eq!(ObjectKey::cluster("node-1").to_string(), "node-1");
+    }
+}

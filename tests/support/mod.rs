@@ -1,0 +1,417 @@
+//! Test harness for integration tests against the real local control plane
+//! (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok).
+//!
+//! One control plane serves a whole test run: the first test to ask starts it
+//! with `e2e/controlplane/cluster.sh up` (a no-op when `just test` or the user
+//! already started it) and every test after that reuses it. Each test gets its
+//! own client, its own namespace and a run id that labels every cluster-scoped
+//! object it creates, so tests run in parallel without touching each other.
+#![allow(dead_code)] // Each test binary uses a different part of the harness.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Label put on every object a test creates outside its namespace.
+pub const RUN_LABEL: &str = "nodewarden.test/run";
+
+/// The running control plane shared by all tests of this process.
+pub struct ControlPlane {
+    pub run_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub etcd_endpoint: String,
+}
+
+/// Starts the control plane on first use (or finds it running) and returns it.
+pub fn control_plane() -> &'static ControlPlane {
+    static CONTROL_PLANE: OnceLock<ControlPlane> = OnceLock::new();
+    CONTROL_PLANE.get_or_init(|| {
+        let run_dir = std::env::var_os("NODEWARDEN_RUN_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(".run/cluster"));
+        ControlPlane::up(&run_dir, false)
+    })
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+impl ControlPlane {
+    /// Runs `cluster.sh up` for `run_dir` (relative to the repository).
+    fn up(run_dir: &Path, api_only: bool) -> ControlPlane {
+        let run_dir = repo().join(run_dir);
+        let status = Command::new(repo().join("e2e/controlplane/cluster.sh"))
+            .arg("up")
+            .env("NODEWARDEN_RUN_DIR", &run_dir)
+            .env("NODEWARDEN_API_ONLY", if api_only { "1" } else { "0" })
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("running e2e/controlplane/cluster.sh up");
+        assert!(status.success(), "cluster.sh up failed (see its output above)");
+        let etcd_port = std::fs::read_to_string(run_dir.join("etcd-port"))
+            .expect("the run directory records etcd's port");
+        ControlPlane {
+            kubeconfig: run_dir.join("kubeconfig"),
+            etcd_endpoint: format!("127.0.0.1:{}", etcd_port.trim()),
+            run_dir,
+        }
+    }
+}
+
+/// An etcd + kube-apiserver of a test's own, for tests that restart the API
+/// server and must not disturb the tests sharing the common control plane.
+/// Stopped when dropped.
+pub struct PrivateControlPlane(pub ControlPlane);
+
+impl PrivateControlPlane {
+    /// Blocking (runs a script): call it from `spawn_blocking` in async tests.
+    pub fn start(name: &str) -> PrivateControlPlane {
+        PrivateControlPlane(ControlPlane::up(Path::new(&format!(".run/private-{name}")), true))
+    }
+
+    /// Kills kube-apiserver (SIGKILL) and starts it again on the same port.
+    pub fn restart_apiserver(&self) {
+        let status = Command::new(repo().join("e2e/controlplane/cluster.sh"))
+            .arg("restart-apiserver")
+            .env("NODEWARDEN_RUN_DIR", &self.0.run_dir)
+            .env("NODEWARDEN_API_ONLY", "1")
+            .status()
+            .expect("running cluster.sh restart-apiserver");
+        assert!(status.success(), "cluster.sh restart-apiserver failed");
+    }
+}
+
+impl Drop for PrivateControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new(repo().join("e2e/controlplane/cluster.sh"))
+            .arg("down")
+            .env("NODEWARDEN_RUN_DIR", &self.0.run_dir)
+            .status();
+    }
+}
+
+impl ControlPlane {
+    /// A fresh admin client (each test builds its own: clients hold tasks on the
+    /// runtime that created them).
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).expect("reading the kubeconfig");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("loading the kubeconfig");
+        Client::try_from(config).expect("building a client")
+    }
+
+    /// A client whose connections go through `proxy` instead of straight to
+    /// the API server (the certificate names 127.0.0.1, so TLS still verifies).
+    pub async fn client_via(&self, proxy: &TcpProxy) -> Client {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).expect("reading the kubeconfig");
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("loading the kubeconfig");
+        config.cluster_url = format!("https://127.0.0.1:{}", proxy.port)
+            .parse()
+            .expect("a proxy URL");
+        Client::try_from(config).expect("building a client")
+    }
+
+    /// The API server's loopback address.
+    pub fn apiserver_addr(&self) -> String {
+        let port = std::fs::read_to_string(self.run_dir.join("apiserver-port"))
+            .expect("the run directory records the API server's port");
+        format!("127.0.0.1:{}", port.trim())
+    }
+
+    /// Compacts etcd's history up to its current revision, so any older
+    /// resourceVersion of a resource served without the watch cache
+    /// (ConfigMaps, see cluster.sh) gets 410 Gone. Returns the revision.
+    pub async fn compact_etcd(&self) -> i64 {
+        let range = etcd_post(&self.etcd_endpoint, "/v3/kv/range", &json!({"key": "AA=="})).await;
+        let revision: i64 = range["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("etcd range answer without header.revision: {range}"));
+        let answer = etcd_post(
+            &self.etcd_endpoint,
+            "/v3/kv/compaction",
+            &json!({"revision": revision.to_string(), "physical": true}),
+        )
+        .await;
+        assert!(answer.get("error").is_none(), "etcd compaction failed: {answer}");
+        revision
+    }
+}
+
+/// A POST with a JSON body to etcd's v3 HTTP gateway.
+async fn etcd_post(endpoint: &str, path: &str, body: &serde_json::Value) -> serde_json::Value {
+    let body = body.to_string();
+    let mut stream = tokio::net::TcpStream::connect(endpoint)
+        .await
+        .expect("connecting to etcd");
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {endpoint}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("writing to etcd");
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .await
+        .expect("reading from etcd");
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "etcd {path}: {head}\n{body}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("etcd {path} answered {body}: {e}"))
+}
+
+/// One test's view of the cluster: a client, a namespace of its own and a run
+/// id that no other test shares.
+pub struct TestEnv {
+    pub client: Client,
+    pub id: String,
+    pub namespace: String,
+    cleaned: bool,
+}
+
+impl TestEnv {
+    /// Creates the test's namespace. `test` is a short name for humans; a random
+    /// suffix keeps parallel and repeated runs apart.
+    pub async fn new(test: &str) -> TestEnv {
+        let cp = control_plane();
+        let client = cp.client().await;
+        let slug: String = test
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
+            .take(30)
+            .collect();
+        let id = format!(
+            "{}-{:06x}",
+            slug.trim_matches('-'),
+            rand::random::<u32>() & 0xff_ffff
+        );
+        let namespace = format!("t-{id}");
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": namespace, "labels": {RUN_LABEL: id}}
+        }))
+        .expect("a namespace");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("creating the test namespace");
+        TestEnv {
+            client,
+            id,
+            namespace,
+            cleaned: false,
+        }
+    }
+
+    /// A name for a cluster-scoped object that no other test can pick.
+    pub fn name(&self, what: &str) -> String {
+        format!("{}-{what}", self.id)
+    }
+
+    /// The label selector matching everything this test created outside its namespace.
+    pub fn run_selector(&self) -> String {
+        format!("{RUN_LABEL}={}", self.id)
+    }
+
+    /// Creates `count` Nodes that kwok will run (it marks them Ready and runs
+    /// their pods), labelled with the run id and `labels`. Returns their names.
+    pub async fn create_kwok_nodes(&self, count: usize, labels: &[(&str, &str)]) -> Vec<String> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut names = Vec::with_capacity(count);
+        for i in 0..count {
+            let name = self.name(&format!("node-{i}"));
+            let mut all_labels: BTreeMap<String, String> = labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            all_labels.insert(RUN_LABEL.into(), self.id.clone());
+            all_labels.insert("kubernetes.io/hostname".into(), name.clone());
+            all_labels.insert("kubernetes.io/os".into(), "linux".into());
+            all_labels.insert("kubernetes.io/arch".into(), "amd64".into());
+            all_labels.insert("type".into(), "kwok".into());
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {
+                    "name": name,
+                    "labels": all_labels,
+                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                },
+                "spec": {"providerID": format!("kwok://{name}")},
+                "status": {
+                    "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                    "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                    "nodeInfo": {"kubeletVersion": "fake", "architecture": "amd64", "operatingSystem": "linux"},
+                },
+            }))
+            .expect("a node");
+            nodes
+                .create(&PostParams::default(), &node)
+                .await
+                .expect("creating a kwok node");
+            names.push(name);
+        }
+        names
+    }
+
+    /// Deletes the test's namespace and every cluster-scoped object carrying its run label.
+    pub async fn cleanup(mut self) {
+        self.cleaned = true;
+        cleanup(&self.client, &self.id, &self.namespace).await;
+    }
+}
+
+async fn cleanup(client: &Client, id: &str, namespace: &str) {
+    let selector = format!("{RUN_LABEL}={id}");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let _ = nodes
+        .delete_collection(&DeleteParams::default(), &ListParams::default().labels(&selector))
+        .await;
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(namespace, &DeleteParams::default())
+        .await;
+}
+
+impl Drop for TestEnv {
+    /// A test that panicked before `cleanup` still leaves the shared cluster clean.
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        let (id, namespace) = (self.id.clone(), self.namespace.clone());
+        // A thread with its own runtime: Drop may run inside (or outside) the
+        // test's runtime, and the test's client may be tied to that runtime.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            rt.block_on(async {
+                let client = control_plane().client().await;
+                cleanup(&client, &id, &namespace).await;
+            });
+        })
+        .join();
+    }
+}
+
+/// What a probe saw: done with a value, or not yet, with a description of
+/// what it saw (reported if the wait times out).
+pub enum Probe<T> {
+    Done(T),
+    NotYet(String),
+}
+
+/// Polls `probe` until it is done or `timeout` passes; on timeout panics with
+/// `what` and the last thing the probe saw.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Probe<T>>,
+{
+    let start = Instant::now();
+    loop {
+        let last = match probe().await {
+            Probe::Done(value) => return value,
+            Probe::NotYet(seen) => seen,
+        };
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A probe result from a Kubernetes call: API errors count as "not yet" and
+/// are reported as what was seen.
+pub fn seen<E: Debug>(err: E) -> String {
+    format!("error: {err:?}")
+}
+
+/// Is the Node's Ready condition True?
+pub fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A TCP proxy on loopback in front of the API server that a test can cut
+/// (every open connection dropped, new ones refused) and restore: a client
+/// cut off from the API server while the server itself keeps running.
+pub struct TcpProxy {
+    pub port: u16,
+    cut: tokio::sync::watch::Sender<bool>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    pub async fn start(target: String) -> TcpProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding a proxy port");
+        let port = listener.local_addr().expect("a bound address").port();
+        let (cut, _) = tokio::sync::watch::channel(false);
+        let cut_tx = cut.clone();
+        let accept_task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut cut_rx = cut_tx.subscribe();
+                if *cut_rx.borrow() {
+                    continue; // refused: dropped at once
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut_rx.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        TcpProxy {
+            port,
+            cut,
+            accept_task,
+        }
+    }
+
+    /// Drops every open connection and refuses new ones until `restore`.
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    pub fn restore(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+        self.cut.send_replace(true);
+    }
+}
