@@ -82,4 +82,15 @@ impl Error {
     }
 }
 
+/// An error that knows its category (for Events and the error metric).
+pub trait Categorized: std::error::Error + Send + Sync + 'static {
+    fn category(&self) -> Category;
+}
+
+impl Categorized for Error {
+    fn category(&self) -> Category {
+        Error::category(self)
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -8,5 +8,6 @@
 pub mod api;
 pub mod error;
 pub mod http;
+pub mod operator;
 pub mod runtime;
 pub mod telemetry;

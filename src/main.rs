@@ -1,7 +1,13 @@
 //! The `nodewarden` binary: the operator and its tools.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use nodewarden::operator::{self, OperatorConfig};
+use nodewarden::runtime::leader::LeaderElectionConfig;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(
@@ -19,15 +25,115 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the operator (every replica watches; the elected leader acts).
+    Run(RunArgs),
     /// Print the CustomResourceDefinition YAML of every resource nodewarden defines.
     Crds,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Namespace of the leader-election Lease (in a pod: its own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "nodewarden-system")]
+    lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "nodewarden")]
+    lease_name: String,
+    /// This replica's identity in the Lease (in a pod: the pod name). Default: hostname and pid.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// How long a lease is valid without renewal (seconds).
+    #[arg(long, default_value_t = 15.0)]
+    lease_duration: f64,
+    /// The leader stops acting when it could not renew for this long (seconds).
+    #[arg(long, default_value_t = 10.0)]
+    renew_deadline: f64,
+    /// Interval between acquire and renew attempts (seconds).
+    #[arg(long, default_value_t = 2.0)]
+    retry_period: f64,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "NODEWARDEN_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// Manage only Nodes matching this label selector (run beside other node tools).
+    #[arg(long, env = "NODEWARDEN_NODE_SELECTOR")]
+    node_selector: Option<String>,
+    /// Path of a kubeconfig (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     nodewarden::telemetry::init_logging(cli.log_json);
     match cli.command {
+        Command::Run(args) => tokio::runtime::Runtime::new()
+            .context("starting the async runtime")?
+            .block_on(run(args)),
         Command::Crds => print_crds(),
+    }
+}
+
+fn seconds(s: f64, flag: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .with_context(|| format!("--{flag} must be a non-negative number of seconds"))
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let identity = match args.identity {
+        Some(id) => id,
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        }
+    };
+    let mut leader = LeaderElectionConfig::new(args.lease_namespace, args.lease_name, identity);
+    leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
+    leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
+    leader.retry_period = seconds(args.retry_period, "retry-period")?;
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let config =
+                kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                    .await
+                    .context("loading the kubeconfig")?;
+            kube::Client::try_from(config).context("building the Kubernetes client")?
+        }
+        None => kube::Client::try_default()
+            .await
+            .context("building the Kubernetes client")?,
+    };
+    let config = OperatorConfig {
+        leader,
+        http_addr: args.http_addr,
+        node_selector: args.node_selector,
+    };
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("signal received: shutting down gracefully");
+        signals.cancel();
+    });
+    operator::run(client, config, shutdown).await?;
+    Ok(())
+}
+
+/// SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops gracefully");
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -130,6 +130,19 @@ pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
     obj
 }
 
+/// The transform for Nodes: beyond managedFields, the image list (often
+/// dozens of entries) and the last-applied annotation are dropped.
+pub fn strip_node(mut node: k8s_openapi::api::core::v1::Node) -> k8s_openapi::api::core::v1::Node {
+    node.metadata.managed_fields = None;
+    if let Some(annotations) = node.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+    }
+    node
+}
+
 impl<K> Reflector<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,

@@ -1,19 +1,7 @@
-//! Logging (and, later, trace export) setup.
+//! Logging, tracing and metrics setup.
 
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+pub mod logging;
+pub mod metrics;
 
-/// Installs the global tracing subscriber: human-readable logs to stderr, or
-/// JSON lines when `json` is set. The level comes from `RUST_LOG` (default info).
-pub fn init_logging(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry().with(filter);
-    if json {
-        let _ = registry
-            .with(fmt::layer().json().with_writer(std::io::stderr))
-            .try_init();
-    } else {
-        let _ = registry
-            .with(fmt::layer().with_writer(std::io::stderr))
-            .try_init();
-    }
-}
+pub use logging::init_logging;
+pub use metrics::Metrics;

@@ -1,0 +1,19 @@
+//! Logging setup.
+
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+/// Installs the global tracing subscriber: human-readable logs to stderr, or
+/// JSON lines when `json` is set. The level comes from `RUST_LOG` (default info).
+pub fn init_logging(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let registry = tracing_subscriber::registry().with(filter);
+    if json {
+        let _ = registry
+            .with(fmt::layer().json().with_writer(std::io::stderr))
+            .try_init();
+    } else {
+        let _ = registry
+            .with(fmt::layer().with_writer(std::io::stderr))
+            .try_init();
+    }
+}
