@@ -245,7 +245,7 @@ async fn at_most_one_leader_under_churn() {
     init_logging();
     let env = TestEnv::new("leader-churn").await;
     let t = Timings::secs(1.5, 1.0, 0.1);
-    let run_for = Duration::from_secs(30);
+    let run_for = Duration::from_secs(75);
     let recorder = Recorder::start();
     let until = Instant::now() + run_for;
 
@@ -253,7 +253,9 @@ async fn at_most_one_leader_under_churn() {
     for slot in 0..3 {
         let client = support::control_plane().client().await;
         let (namespace, registry) = (env.namespace.clone(), recorder.registry());
-        slots.push(tokio::spawn(churn(slot, client, namespace, t, registry, until)));
+        slots.push(tokio::spawn(churn(
+            slot, client, namespace, t, registry, until,
+        )));
     }
     let mut stops = Stops::default();
     for slot in slots {
@@ -406,7 +408,10 @@ async fn released_lease_is_taken_over_within_a_retry_period() {
     let released = Instant::now();
     a.shutdown.cancel();
     let a_done = tokio::time::timeout(Duration::from_secs(5), a.task).await;
-    assert!(matches!(a_done, Ok(Ok(()))), "a did not shut down: {a_done:?}");
+    assert!(
+        matches!(a_done, Ok(Ok(()))),
+        "a did not shut down: {a_done:?}"
+    );
     let a_exited = released.elapsed();
     let bound = t.max_retry_wait();
     wait_until_leading(&b.handle, bound + Duration::from_secs(10)).await;
@@ -453,7 +458,9 @@ struct Proxy {
 
 impl Proxy {
     async fn start(upstream: SocketAddr, mode: Cut) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding the proxy");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the proxy");
         let addr = listener.local_addr().expect("the proxy's address");
         let cut = CancellationToken::new();
         tokio::spawn(serve(listener, upstream, cut.clone(), mode));
@@ -467,7 +474,9 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, cut: CancellationTok
             _ = cut.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
-        let Ok((mut inbound, _)) = accepted else { continue };
+        let Ok((mut inbound, _)) = accepted else {
+            continue;
+        };
         let cut = cut.clone();
         tokio::spawn(async move {
             let Ok(mut outbound) = TcpStream::connect(upstream).await else {
@@ -499,8 +508,8 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, cut: CancellationTok
 /// The admin kubeconfig's cluster, and a client that reaches it through `proxy`.
 /// TLS still verifies the server: its certificate carries SAN IP:127.0.0.1.
 async fn client_via_proxy(mode: Cut) -> (Client, Proxy) {
-    let kubeconfig =
-        Kubeconfig::read_from(&support::control_plane().kubeconfig).expect("reading the kubeconfig");
+    let kubeconfig = Kubeconfig::read_from(&support::control_plane().kubeconfig)
+        .expect("reading the kubeconfig");
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("loading the kubeconfig");
@@ -508,7 +517,10 @@ async fn client_via_proxy(mode: Cut) -> (Client, Proxy) {
         .cluster_url
         .authority()
         .expect("the cluster URL names a host");
-    let upstream: SocketAddr = authority.as_str().parse().expect("the cluster URL is IP:port");
+    let upstream: SocketAddr = authority
+        .as_str()
+        .parse()
+        .expect("the cluster URL is IP:port");
     let proxy = Proxy::start(upstream, mode).await;
     config.cluster_url = format!("https://{}", proxy.addr).parse().expect("a URL");
     (Client::try_from(config).expect("building a client"), proxy)
@@ -607,11 +619,13 @@ async fn cut_off_leader(mode: Cut) {
         t.lease + t.max_retry_wait() + Duration::from_secs(10),
     )
     .await;
-    let watch_off = watch_off.await.expect("the watch task");
+    // Bounded: a renew loop stuck in a hung call would never flip the channel.
+    let watch_off = tokio::time::timeout(SLACK, watch_off).await;
     stop_observer.cancel();
     let reads = observer.await.expect("the observer task");
     let terms = recorder.finish();
 
+    let watch_off = watch_off.ok().and_then(Result::ok);
     let old = term_of(&terms, "cut-off");
     let new = term_of(&terms, "standby");
     let stopped = old.ended.expect("the cut-off leader's handle turned false");
@@ -622,7 +636,7 @@ async fn cut_off_leader(mode: Cut) {
         stopped - cut,
         expiry.saturating_duration_since(stopped),
         expiry - cut,
-        watch_off.saturating_duration_since(stopped),
+        watch_off.map(|w| w.saturating_duration_since(stopped)),
         new.first - cut,
     );
     assert!(
@@ -638,9 +652,8 @@ async fn cut_off_leader(mode: Cut) {
         "the standby led while the cut-off leader still did"
     );
     assert!(
-        watch_off <= stopped + Duration::from_millis(300),
-        "the watch channel lagged the deadline by {:?}",
-        watch_off.saturating_duration_since(stopped)
+        watch_off.is_some_and(|w| w <= stopped + Duration::from_millis(300)),
+        "the watch channel did not follow the handle within 300 ms"
     );
     assert_no_overlap(&terms);
 

@@ -397,8 +397,7 @@ impl LeaderElector {
 
     /// One read-then-conditional-write, given up after `limit`.
     async fn attempt(&mut self, limit: Duration) -> Result<Attempt> {
-        match timeout(limit * 1000, self.try_acquire_or_renew()).await {
-            // MUTATION
+        match timeout(limit, self.try_acquire_or_renew()).await {
             Ok(result) => result,
             Err(_) => Err(Error::Timeout {
                 what: format!("lease {}", self.lease_ref()),
