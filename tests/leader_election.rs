@@ -253,9 +253,7 @@ async fn at_most_one_leader_under_churn() {
     for slot in 0..3 {
         let client = support::control_plane().client().await;
         let (namespace, registry) = (env.namespace.clone(), recorder.registry());
-        slots.push(tokio::spawn(churn(
-            slot, client, namespace, t, registry, until,
-        )));
+        slots.push(tokio::spawn(churn(slot, client, namespace, t, registry, until)));
     }
     let mut stops = Stops::default();
     for slot in slots {
@@ -408,10 +406,7 @@ async fn released_lease_is_taken_over_within_a_retry_period() {
     let released = Instant::now();
     a.shutdown.cancel();
     let a_done = tokio::time::timeout(Duration::from_secs(5), a.task).await;
-    assert!(
-        matches!(a_done, Ok(Ok(()))),
-        "a did not shut down: {a_done:?}"
-    );
+    assert!(matches!(a_done, Ok(Ok(()))), "a did not shut down: {a_done:?}");
     let a_exited = released.elapsed();
     let bound = t.max_retry_wait();
     wait_until_leading(&b.handle, bound + Duration::from_secs(10)).await;
@@ -458,9 +453,7 @@ struct Proxy {
 
 impl Proxy {
     async fn start(upstream: SocketAddr, mode: Cut) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binding the proxy");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding the proxy");
         let addr = listener.local_addr().expect("the proxy's address");
         let cut = CancellationToken::new();
         tokio::spawn(serve(listener, upstream, cut.clone(), mode));
@@ -508,8 +501,8 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, cut: CancellationTok
 /// The admin kubeconfig's cluster, and a client that reaches it through `proxy`.
 /// TLS still verifies the server: its certificate carries SAN IP:127.0.0.1.
 async fn client_via_proxy(mode: Cut) -> (Client, Proxy) {
-    let kubeconfig = Kubeconfig::read_from(&support::control_plane().kubeconfig)
-        .expect("reading the kubeconfig");
+    let kubeconfig =
+        Kubeconfig::read_from(&support::control_plane().kubeconfig).expect("reading the kubeconfig");
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("loading the kubeconfig");
@@ -517,10 +510,7 @@ async fn client_via_proxy(mode: Cut) -> (Client, Proxy) {
         .cluster_url
         .authority()
         .expect("the cluster URL names a host");
-    let upstream: SocketAddr = authority
-        .as_str()
-        .parse()
-        .expect("the cluster URL is IP:port");
+    let upstream: SocketAddr = authority.as_str().parse().expect("the cluster URL is IP:port");
     let proxy = Proxy::start(upstream, mode).await;
     config.cluster_url = format!("https://{}", proxy.addr).parse().expect("a URL");
     (Client::try_from(config).expect("building a client"), proxy)

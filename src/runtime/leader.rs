@@ -34,7 +34,7 @@ use kube::api::PostParams;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::error::{Error, Result};
 use crate::runtime::rate_limiter::lock;
@@ -309,12 +309,18 @@ impl LeaderElector {
     /// Cancel `shutdown` after the guarded workers have stopped: the lease is
     /// released right after the handle turns false.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        info!(identity = %self.shared.identity, lease = %self.lease_ref(), "leader election started");
-        while let Some(acquired) = self.acquire(&shutdown).await {
-            self.lead(acquired, &shutdown).await;
+        // Every log line of this candidate names it and its lease.
+        let span = info_span!("leader_election", identity = %self.shared.identity, lease = %self.lease_ref());
+        async move {
+            info!("leader election started");
+            while let Some(acquired) = self.acquire(&shutdown).await {
+                self.lead(acquired, &shutdown).await;
+            }
+            self.shared.stop_leading();
+            self.release().await;
         }
-        self.shared.stop_leading();
-        self.release().await;
+        .instrument(span)
+        .await
     }
 
     fn lease_ref(&self) -> String {
@@ -340,11 +346,11 @@ impl LeaderElector {
                     retry.min(expires_at.saturating_duration_since(Instant::now()))
                 }
                 Ok(Attempt::Conflict) => {
-                    debug!(identity = %self.shared.identity, "another candidate wrote the lease first");
+                    debug!("another candidate wrote the lease first");
                     retry
                 }
                 Err(err) => {
-                    warn!(identity = %self.shared.identity, lease = %self.lease_ref(), error = %err, "could not acquire the lease");
+                    warn!(error = %err, "could not acquire the lease");
                     retry
                 }
             };
@@ -362,7 +368,7 @@ impl LeaderElector {
         let mut valid_until = acquired + renew_deadline;
         let mut last_try = acquired;
         self.shared.lead_until(valid_until);
-        info!(identity = %self.shared.identity, lease = %self.lease_ref(), "became leader");
+        info!("became leader");
         let reason = loop {
             // Wake at the deadline at the latest, so the watch channel follows
             // `is_leader` closely even when renewals keep failing.
@@ -384,15 +390,15 @@ impl LeaderElector {
                 }
                 Ok(Attempt::HeldByOther { holder, .. }) => break format!("lease taken by {holder}"),
                 Ok(Attempt::Conflict) => {
-                    debug!(identity = %self.shared.identity, "lease changed during renewal; retrying")
+                    debug!("lease changed during renewal; retrying")
                 }
                 Err(err) => {
-                    warn!(identity = %self.shared.identity, lease = %self.lease_ref(), error = %err, "renewing the lease failed")
+                    warn!(error = %err, "renewing the lease failed")
                 }
             }
         };
         self.shared.stop_leading();
-        info!(identity = %self.shared.identity, lease = %self.lease_ref(), %reason, "stopped leading");
+        info!(%reason, "stopped leading");
     }
 
     /// One read-then-conditional-write, given up after `limit`.
@@ -417,7 +423,8 @@ impl LeaderElector {
         let previous_holder = previous.as_ref().and_then(|p| p.holder().map(str::to_owned));
         let observed = Observed::next(previous, spec, resource_version, now);
         if observed.holder() != previous_holder.as_deref() {
-            info!(identity = %self.shared.identity, lease = %self.lease_ref(), holder = observed.holder().unwrap_or("<none>"), "lease holder changed");
+            let holder = observed.holder().unwrap_or("<none>");
+            info!(holder, "lease holder changed");
         }
 
         let identity = &self.shared.identity;
@@ -508,20 +515,16 @@ impl LeaderElector {
 
     /// Hands the lease over at once if it names us: no holder, 1 s duration.
     async fn release(&self) {
+        const LATER: &str = "standbys take over when it expires";
         let limit = self.config.renew_deadline;
-        let (identity, lease) = (&self.shared.identity, self.lease_ref());
         match timeout(limit, self.try_release()).await {
-            Ok(Ok(true)) => info!(%identity, %lease, "released the lease"),
+            Ok(Ok(true)) => info!("released the lease"),
             Ok(Ok(false)) => {}
             Ok(Err(Error::Kube(err))) if is_conflict(&err) => {
-                info!(%identity, %lease, "lease changed before it could be released")
+                info!("lease changed before it could be released")
             }
-            Ok(Err(err)) => {
-                warn!(%identity, %lease, error = %err, "could not release the lease; standbys take over when it expires")
-            }
-            Err(_) => {
-                warn!(%identity, %lease, "releasing the lease timed out after {limit:?}; standbys take over when it expires")
-            }
+            Ok(Err(err)) => warn!(error = %err, "could not release the lease; {LATER}"),
+            Err(_) => warn!("releasing the lease timed out after {limit:?}; {LATER}"),
         }
     }
 
