@@ -1,9 +1,16 @@
 //! Custom resource types. Types only: no IO happens here.
 
+pub mod conditions;
+pub mod node_maintenance;
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 
 /// The CustomResourceDefinition of every custom resource nodewarden defines,
 /// in a stable order (what `nodewarden crds` prints and manifests/ holds).
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
-    Vec::new()
+    vec![
+        node_maintenance::medik8s::NodeMaintenance::crd(),
+        node_maintenance::kubevirt::NodeMaintenance::crd(),
+    ]
 }
