@@ -6,6 +6,8 @@
 //! server, `telemetry` logging and metrics setup.
 
 pub mod api;
+pub mod controllers;
+pub mod drain;
 pub mod error;
 pub mod http;
 pub mod operator;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::operator::{self, OperatorConfig};
 use nodewarden::runtime::leader::LeaderElectionConfig;
 use tokio_util::sync::CancellationToken;
@@ -26,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the operator (every replica watches; the elected leader acts).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinition YAML of every resource nodewarden defines.
     Crds,
 }
@@ -57,6 +58,18 @@ struct RunArgs {
     /// Manage only Nodes matching this label selector (run beside other node tools).
     #[arg(long, env = "NODEWARDEN_NODE_SELECTOR")]
     node_selector: Option<String>,
+    /// Handle only nodewarden objects (NodeMaintenance, ...) matching this label selector.
+    #[arg(long, env = "NODEWARDEN_OBJECT_SELECTOR")]
+    object_selector: Option<String>,
+    /// Nodes in maintenance at once (unset: no limit).
+    #[arg(long, env = "NODEWARDEN_MAX_CONCURRENT_MAINTENANCE")]
+    max_concurrent_maintenance: Option<usize>,
+    /// Namespace of the per-node maintenance leases other remediation tools respect.
+    #[arg(long, default_value = "medik8s-leases")]
+    maintenance_lease_namespace: String,
+    /// Workers per controller.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
     /// Path of a kubeconfig (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -68,7 +81,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => tokio::runtime::Runtime::new()
             .context("starting the async runtime")?
-            .block_on(run(args)),
+            .block_on(run(*args)),
         Command::Crds => print_crds(),
     }
 }
@@ -108,6 +121,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         leader,
         http_addr: args.http_addr,
         node_selector: args.node_selector,
+        object_selector: args.object_selector,
+        maintenance: MaintenanceConfig {
+            max_concurrent: args.max_concurrent_maintenance,
+            lease_namespace: args.maintenance_lease_namespace,
+        },
+        workers: args.workers,
     };
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();

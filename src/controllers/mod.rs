@@ -1,0 +1,3 @@
+//! One controller per file; each splits pure decisions from thin IO.
+
+pub mod node_maintenance;

@@ -1,0 +1,726 @@
+//! The NodeMaintenance controller: cordon, taint and drain a node while a
+//! NodeMaintenance names it; undo exactly that when it is deleted.
+//!
+//! One reconciler type serves both API groups (medik8s and kubevirt). The
+//! decisions — may this maintenance proceed, and what its status says — are
+//! pure functions (`decide`, `status_for`) tested by tables; `reconcile` only
+//! gathers facts and carries out the decision. Drains run in the shared
+//! [`DrainEngine`], one task per node, so they never block a worker.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::api::conditions::set_condition;
+use crate::api::node_maintenance::{
+    MaintenanceObject, MaintenancePhase, NodeMaintenanceStatus, parse_duration,
+};
+use crate::drain::node::{self as quarantine, Quarantine};
+use crate::drain::{DrainEngine, DrainOptions, DrainOutcome, DrainStatus};
+use crate::error::{Error, Result};
+use crate::runtime::controller::{Action, Reconciler};
+use crate::runtime::leader::LeaderHandle;
+use crate::runtime::rate_limiter::lock;
+use crate::runtime::store::{ObjectKey, Store};
+use crate::runtime::workqueue::WorkQueue;
+
+pub const FINALIZER: &str = "nodewarden.dev/node-maintenance";
+pub const DRAIN_TAINT: &str = "medik8s.io/drain";
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+pub const EXCLUDE_LABEL: &str = "remediation.medik8s.io/exclude-from-remediation";
+/// The holder other medik8s tools recognise on the per-node lease.
+pub const LEASE_HOLDER: &str = "node-maintenance";
+pub const LEASE_SECONDS: i32 = 3600;
+/// Index of NodeMaintenance stores: spec.nodeName.
+pub const NODE_INDEX: &str = "node";
+
+/// One NodeMaintenance as the cross-group checks see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claim {
+    /// `<group>/<name>`: the owner recorded on the Node.
+    pub owner: String,
+    pub created: Option<Timestamp>,
+    pub deleting: bool,
+    /// Holds (or held) the node: entered maintenance and has not failed.
+    pub active: bool,
+}
+
+impl Claim {
+    pub fn of<M: MaintenanceObject>(m: &M) -> Claim {
+        let status = m.maintenance_status();
+        Claim {
+            owner: owner_of(m),
+            created: m.meta().creation_timestamp.as_ref().map(|t| t.0),
+            deleting: m.meta().deletion_timestamp.is_some(),
+            active: status
+                .is_some_and(|s| s.eviction_pods.is_some() && s.phase != Some(MaintenancePhase::Failed)),
+        }
+    }
+}
+
+pub fn owner_of<M: MaintenanceObject>(m: &M) -> String {
+    format!("{}/{}", M::GROUP, m.name_any())
+}
+
+/// The NodeMaintenances of a node, across both groups.
+pub type ClaimsOf = Arc<dyn Fn(&str) -> Vec<Claim> + Send + Sync>;
+/// Every NodeMaintenance, across both groups.
+pub type AllClaims = Arc<dyn Fn() -> Vec<Claim> + Send + Sync>;
+
+/// The per-node lease as found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LeaseState {
+    Ours,
+    HeldBy(String),
+}
+
+/// What a NodeMaintenance may do now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Impossible as asked: phase Failed, nothing is done to the node.
+    Fail { reason: &'static str, message: String },
+    /// Not yet (another tool holds the node's lease, or too many nodes are in
+    /// maintenance): phase Running, retried.
+    Wait { reason: &'static str, message: String },
+    /// Quarantine the node and drain it.
+    Drain,
+}
+
+/// Facts for [`decide`], gathered by the reconciler.
+pub struct Facts<'a> {
+    pub owner: &'a str,
+    pub node_name: &'a str,
+    pub node_exists: bool,
+    /// The other NodeMaintenances of the same node.
+    pub others: &'a [Claim],
+    pub created: Option<Timestamp>,
+    pub drain_timeout: Option<&'a str>,
+    /// Some(false) when the concurrency limit keeps this one waiting.
+    pub admitted: bool,
+    pub lease: Option<LeaseState>,
+}
+
+/// Earlier NodeMaintenance of the same node (by creation, then owner) wins.
+fn first_claim<'a>(owner: &str, created: Option<Timestamp>, others: &'a [Claim]) -> Option<&'a Claim> {
+    others
+        .iter()
+        .filter(|c| c.owner != owner && !c.deleting)
+        .filter(|c| (c.created, c.owner.as_str()) < (created, owner))
+        .min_by(|a, b| (a.created, &a.owner).cmp(&(b.created, &b.owner)))
+}
+
+pub fn decide(f: &Facts) -> Decision {
+    if let Some(t) = f.drain_timeout
+        && parse_duration(t).is_none()
+    {
+        return Decision::Fail {
+            reason: "InvalidSpec",
+            message: format!("spec.drainTimeout: {t:?} is not a duration such as 90s, 30m or 1h30m"),
+        };
+    }
+    if !f.node_exists {
+        return Decision::Fail {
+            reason: "NodeNotFound",
+            message: format!("spec.nodeName: node {:?} not found", f.node_name),
+        };
+    }
+    if let Some(first) = first_claim(f.owner, f.created, f.others) {
+        return Decision::Fail {
+            reason: "DuplicateMaintenance",
+            message: format!(
+                "spec.nodeName: node {:?} is already in maintenance by {}",
+                f.node_name, first.owner
+            ),
+        };
+    }
+    if let Some(LeaseState::HeldBy(holder)) = &f.lease {
+        return Decision::Wait {
+            reason: "LeaseHeld",
+            message: format!(
+                "the maintenance lease of node {:?} is held by {holder:?}",
+                f.node_name
+            ),
+        };
+    }
+    if !f.admitted {
+        return Decision::Wait {
+            reason: "WaitingForSlot",
+            message: "the limit of nodes in maintenance at once is reached".into(),
+        };
+    }
+    Decision::Drain
+}
+
+/// The status a NodeMaintenance should show.
+pub fn status_for(
+    prev: Option<&NodeMaintenanceStatus>,
+    decision: &Decision,
+    drain: Option<&DrainStatus>,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> NodeMaintenanceStatus {
+    let mut s = prev.cloned().unwrap_or_default();
+    s.total_pods_legacy = None;
+    let mut conditions = s.conditions.take().unwrap_or_default();
+    let (phase, drained, reason, message): (MaintenancePhase, bool, &str, String) = match (decision, drain) {
+        (Decision::Fail { reason, message }, _) => {
+            s.last_error = Some(message.clone());
+            (MaintenancePhase::Failed, false, reason, message.clone())
+        }
+        (Decision::Wait { reason, message }, _) => {
+            if *reason == "LeaseHeld" {
+                s.error_on_lease_count = Some(s.error_on_lease_count.unwrap_or(0) + 1);
+            }
+            s.last_error = Some(message.clone());
+            (MaintenancePhase::Running, false, reason, message.clone())
+        }
+        (Decision::Drain, None) => (
+            MaintenancePhase::Running,
+            false,
+            "Draining",
+            "drain starting".to_string(),
+        ),
+        (Decision::Drain, Some(d)) => {
+            let p = &d.progress;
+            s.total_pods = Some(p.total_pods);
+            s.eviction_pods = Some(p.eviction_pods);
+            s.drain_progress = Some(p.percent());
+            s.pending_pods = Some(p.pending.iter().map(|r| r.name.clone()).collect());
+            s.pending_pods_refs = Some(p.pending.clone());
+            s.pending_pods_count = Some(p.pending.len() as i32);
+            s.blocked_by = (!p.blocked.is_empty()).then(|| p.blocked.clone());
+            s.last_error = p.last_error.clone();
+            match d.outcome {
+                DrainOutcome::Succeeded => {
+                    s.last_error = None;
+                    (
+                        MaintenancePhase::Succeeded,
+                        true,
+                        "Drained",
+                        format!("{} pods evicted", p.eviction_pods),
+                    )
+                }
+                DrainOutcome::TimedOut => {
+                    let blockers = if p.blocked.is_empty() {
+                        p.pending
+                            .iter()
+                            .map(|r| format!("{}/{}", r.namespace, r.name))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    } else {
+                        p.blocked
+                            .iter()
+                            .map(|b| format!("{} blocked by {}", b.pod, b.pdb))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    let message = format!("drain did not finish within spec.drainTimeout: {blockers}");
+                    s.last_error = Some(message.clone());
+                    (MaintenancePhase::Failed, false, "DrainTimeout", message)
+                }
+                DrainOutcome::Running if !p.blocked.is_empty() => {
+                    let names = p.blocked.iter().map(|b| b.pdb.clone()).collect::<BTreeSet<_>>();
+                    (
+                        MaintenancePhase::Running,
+                        false,
+                        "BlockedByPDB",
+                        format!(
+                            "eviction of {} pods refused by PodDisruptionBudget {}",
+                            p.blocked.len(),
+                            names.into_iter().collect::<Vec<_>>().join(", ")
+                        ),
+                    )
+                }
+                DrainOutcome::Running => (
+                    MaintenancePhase::Running,
+                    false,
+                    "Draining",
+                    format!("{} of {} pods to evict left", p.pending.len(), p.eviction_pods),
+                ),
+            }
+        }
+    };
+    s.phase = Some(phase);
+    set_condition(
+        &mut conditions,
+        "Drained",
+        drained,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    s.conditions = Some(conditions);
+    s
+}
+
+/// Two statuses equal but for the time of the update?
+fn same_status(a: &NodeMaintenanceStatus, b: &NodeMaintenanceStatus) -> bool {
+    let strip = |s: &NodeMaintenanceStatus| NodeMaintenanceStatus {
+        last_update: None,
+        ..s.clone()
+    };
+    strip(a) == strip(b)
+}
+
+/// The event for a phase change.
+fn phase_event(prev: Option<MaintenancePhase>, next: MaintenancePhase) -> Option<(EventType, &'static str)> {
+    match (prev, next) {
+        (p, n) if p == Some(n) => None,
+        (_, MaintenancePhase::Running) => Some((EventType::Normal, "BeginMaintenance")),
+        (_, MaintenancePhase::Succeeded) => Some((EventType::Normal, "SucceedMaintenance")),
+        (_, MaintenancePhase::Failed) => Some((EventType::Warning, "FailedMaintenance")),
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct MaintenanceConfig {
+    /// Nodes in maintenance at once (None: no limit).
+    pub max_concurrent: Option<usize>,
+    /// Namespace of the per-node leases other remediation tools respect.
+    pub lease_namespace: String,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        MaintenanceConfig {
+            max_concurrent: None,
+            lease_namespace: "medik8s-leases".into(),
+        }
+    }
+}
+
+/// What both groups' reconcilers share.
+pub struct MaintenanceContext {
+    pub client: Client,
+    pub leader: LeaderHandle,
+    pub engine: DrainEngine,
+    pub recorder: Recorder,
+    pub nodes: Store<Node>,
+    pub claims_of: ClaimsOf,
+    pub all_claims: AllClaims,
+    pub config: MaintenanceConfig,
+    /// Owners admitted under the concurrency limit (rebuilt from the stores).
+    admitted: Mutex<BTreeSet<String>>,
+}
+
+impl MaintenanceContext {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        leader: LeaderHandle,
+        engine: DrainEngine,
+        recorder: Recorder,
+        nodes: Store<Node>,
+        claims_of: ClaimsOf,
+        all_claims: AllClaims,
+        config: MaintenanceConfig,
+    ) -> Self {
+        MaintenanceContext {
+            client,
+            leader,
+            engine,
+            recorder,
+            nodes,
+            claims_of,
+            all_claims,
+            config,
+            admitted: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// Atomically admits `owner` under the limit. Active maintenances in the
+    /// stores count too, so a new leader never over-admits.
+    fn admit(&self, owner: &str) -> bool {
+        let mut admitted = lock(&self.admitted);
+        if admitted.contains(owner) {
+            return true;
+        }
+        let Some(limit) = self.config.max_concurrent else {
+            admitted.insert(owner.to_string());
+            return true;
+        };
+        let mut holding: BTreeSet<String> = admitted.clone();
+        holding.extend(
+            (self.all_claims)()
+                .into_iter()
+                .filter(|c| c.active && !c.deleting)
+                .map(|c| c.owner),
+        );
+        if holding.contains(owner) || holding.len() < limit {
+            admitted.insert(owner.to_string());
+            true
+        } else {
+            false
+        }
+    }
+
+    fn release(&self, owner: &str) {
+        lock(&self.admitted).remove(owner);
+    }
+}
+
+/// The reconciler of one group's NodeMaintenances.
+pub struct NodeMaintenanceReconciler<M: MaintenanceObject> {
+    pub ctx: Arc<MaintenanceContext>,
+    pub store: Store<M>,
+    /// This controller's queue (set once the controller exists), so a drain's
+    /// progress re-enqueues its NodeMaintenance.
+    pub queue: Arc<OnceLock<WorkQueue<ObjectKey>>>,
+}
+
+fn quarantine_spec() -> Quarantine {
+    let taint = |key: &str| Taint {
+        key: key.into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    };
+    Quarantine {
+        cordon: true,
+        taints: vec![taint(DRAIN_TAINT), taint(UNSCHEDULABLE_TAINT)],
+        labels: BTreeMap::from([(EXCLUDE_LABEL.to_string(), "true".to_string())]),
+    }
+}
+
+impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
+    type Error = Error;
+
+    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
+        let Some(obj) = self.store.get(key) else {
+            return Ok(Action::Done);
+        };
+        let api: Api<M> = Api::all(self.ctx.client.clone());
+        let owner = owner_of(obj.as_ref());
+        let node_name = obj.node_name().to_string();
+        let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
+
+        if obj.meta().deletion_timestamp.is_some() {
+            if has_finalizer {
+                self.leave(&api, obj.as_ref(), &owner, &node_name).await?;
+            }
+            return Ok(Action::Done);
+        }
+        if !has_finalizer {
+            let mut finalizers = obj.finalizers().to_vec();
+            finalizers.push(FINALIZER.to_string());
+            patch_finalizers(&api, obj.as_ref(), finalizers).await?;
+            // The update comes back as a watch event and reconciles again.
+            return Ok(Action::Done);
+        }
+
+        let others: Vec<Claim> = (self.ctx.claims_of)(&node_name)
+            .into_iter()
+            .filter(|c| c.owner != owner)
+            .collect();
+        let node = self.ctx.nodes.get(&ObjectKey::cluster(&node_name));
+        let created = obj.meta().creation_timestamp.as_ref().map(|t| t.0);
+        let mut facts = Facts {
+            owner: &owner,
+            node_name: &node_name,
+            node_exists: node.is_some(),
+            others: &others,
+            created,
+            drain_timeout: obj.drain_timeout(),
+            admitted: true,
+            lease: None,
+        };
+        // Cheap checks first; the lease and a slot are taken only when they pass.
+        let mut decision = decide(&facts);
+        if decision == Decision::Drain {
+            facts.admitted = self.ctx.admit(&owner);
+            if facts.admitted {
+                facts.lease = Some(self.take_lease(&node_name).await?);
+            }
+            decision = decide(&facts);
+        }
+        let drain = match (&decision, &node) {
+            (Decision::Drain, Some(node)) => {
+                self.set_owner_reference(&api, obj.as_ref(), node).await?;
+                self.quarantine(&node_name, &owner).await?;
+                let timeout = obj.drain_timeout().and_then(parse_duration);
+                let options = DrainOptions {
+                    timeout,
+                    on_timeout: obj.on_drain_timeout(),
+                    ..DrainOptions::default()
+                };
+                let queue = self.queue.clone();
+                let me = key.clone();
+                Some(self.ctx.engine.ensure(
+                    &node_name,
+                    &owner,
+                    options,
+                    Arc::new(move || {
+                        if let Some(q) = queue.get() {
+                            q.add(me.clone());
+                        }
+                    }),
+                ))
+            }
+            _ => None,
+        };
+        if matches!(decision, Decision::Fail { .. }) {
+            self.ctx.release(&owner);
+        }
+
+        let prev = obj.maintenance_status();
+        let now = Timestamp::now();
+        let mut status = status_for(prev, &decision, drain.as_ref(), obj.meta().generation, now);
+        let phase = status.phase.unwrap_or(MaintenancePhase::Running);
+        if phase == MaintenancePhase::Failed && drain.is_some() {
+            // Timed out with policy Fail: the maintenance no longer holds a slot.
+            self.ctx.release(&owner);
+        }
+        if prev.is_none_or(|p| !same_status(p, &status)) {
+            status.last_update = Some(Time(now));
+            let patch = json!({"status": status});
+            api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            if let Some((type_, reason)) = phase_event(prev.and_then(|p| p.phase), phase) {
+                let note = match &decision {
+                    Decision::Fail { message, .. } => message.clone(),
+                    _ => status
+                        .conditions
+                        .as_ref()
+                        .and_then(|c| c.first())
+                        .map(|c| c.message.clone())
+                        .unwrap_or_default(),
+                };
+                self.event(obj.as_ref(), type_, reason, &format!("node {node_name}: {note}"))
+                    .await;
+            }
+        }
+        Ok(match (&decision, phase) {
+            (Decision::Wait { .. }, _) => Action::RequeueAfter(Duration::from_secs(5)),
+            // Renew the per-node lease well before it runs out.
+            (Decision::Drain, MaintenancePhase::Succeeded) => {
+                Action::RequeueAfter(Duration::from_secs(LEASE_SECONDS as u64 / 3))
+            }
+            _ => Action::Done,
+        })
+    }
+}
+
+impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
+    /// Deleted: stop the drain, undo our changes, release the lease, let go.
+    async fn leave(&self, api: &Api<M>, obj: &M, owner: &str, node_name: &str) -> Result<()> {
+        self.ctx.engine.stop(node_name, owner);
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        if let Some(node) = nodes.get_opt(node_name).await?
+            && let Some(restored) = quarantine::undo(&node, owner)
+        {
+            self.ctx.leader.ensure_leader()?;
+            nodes
+                .replace(node_name, &PostParams::default(), &restored)
+                .await?;
+        }
+        let holds_lease = (self.ctx.claims_of)(node_name)
+            .iter()
+            .any(|c| c.owner != owner && c.active && !c.deleting);
+        if !holds_lease {
+            self.release_lease(node_name).await?;
+        }
+        let finalizers: Vec<String> = obj
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        patch_finalizers(api, obj, finalizers).await?;
+        self.ctx.release(owner);
+        self.event(
+            obj,
+            EventType::Normal,
+            "RemovedMaintenance",
+            &format!("node {node_name} left maintenance"),
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn set_owner_reference(&self, api: &Api<M>, obj: &M, node: &Node) -> Result<()> {
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        if obj.owner_references().iter().any(|r| r.uid == uid) {
+            return Ok(());
+        }
+        let mut refs = obj.owner_references().to_vec();
+        refs.push(OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: node.name_any(),
+            uid,
+            ..Default::default()
+        });
+        let patch = json!({"metadata": {"ownerReferences": refs, "resourceVersion": obj.resource_version()}});
+        api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Cordon, taints and the exclude label, recorded on the node for undo.
+    async fn quarantine(&self, node_name: &str, owner: &str) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        let node = nodes.get(node_name).await?;
+        match quarantine::apply(&node, &quarantine_spec(), owner) {
+            Ok(Some(held)) => {
+                self.ctx.leader.ensure_leader()?;
+                // `held` carries the resourceVersion read above: a concurrent
+                // change is a conflict and retried, never overwritten.
+                nodes.replace(node_name, &PostParams::default(), &held).await?;
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(Error::InvalidObject {
+                kind: "Node",
+                name: node_name.to_string(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Takes or renews `node-<name>` in the lease namespace.
+    async fn take_lease(&self, node_name: &str) -> Result<LeaseState> {
+        let ns = &self.ctx.config.lease_namespace;
+        let leases: Api<Lease> = Api::namespaced(self.ctx.client.clone(), ns);
+        let name = format!("node-{node_name}");
+        let now = Timestamp::now();
+        let fresh = |rv: Option<String>, transitions: Option<i32>| Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                resource_version: rv,
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some(LEASE_HOLDER.into()),
+                lease_duration_seconds: Some(LEASE_SECONDS),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: transitions,
+                ..Default::default()
+            }),
+        };
+        let Some(existing) = leases.get_opt(&name).await? else {
+            self.ensure_namespace(ns).await?;
+            leases
+                .create(&PostParams::default(), &fresh(None, Some(0)))
+                .await?;
+            return Ok(LeaseState::Ours);
+        };
+        let spec = existing.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let renewed = spec
+            .renew_time
+            .as_ref()
+            .or(spec.acquire_time.as_ref())
+            .map(|t| t.0);
+        let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+        let expired = renewed.is_none_or(|t| t.as_second() + duration < now.as_second());
+        if holder == LEASE_HOLDER {
+            if renewed.is_none_or(|t| now.as_second() - t.as_second() > i64::from(LEASE_SECONDS) / 2) {
+                let mut renewed = existing.clone();
+                if let Some(s) = renewed.spec.as_mut() {
+                    s.renew_time = Some(MicroTime(now));
+                }
+                leases.replace(&name, &PostParams::default(), &renewed).await?;
+            }
+            return Ok(LeaseState::Ours);
+        }
+        if !holder.is_empty() && !expired {
+            return Ok(LeaseState::HeldBy(holder));
+        }
+        let transitions = spec.lease_transitions.unwrap_or(0) + 1;
+        leases
+            .replace(
+                &name,
+                &PostParams::default(),
+                &fresh(existing.metadata.resource_version.clone(), Some(transitions)),
+            )
+            .await?;
+        Ok(LeaseState::Ours)
+    }
+
+    async fn release_lease(&self, node_name: &str) -> Result<()> {
+        let leases: Api<Lease> = Api::namespaced(self.ctx.client.clone(), &self.ctx.config.lease_namespace);
+        let name = format!("node-{node_name}");
+        let Some(lease) = leases.get_opt(&name).await? else {
+            return Ok(());
+        };
+        if lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) != Some(LEASE_HOLDER) {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: lease.metadata.resource_version.clone(),
+                uid: None,
+            }),
+            ..Default::default()
+        };
+        match leases.delete(&name, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn ensure_namespace(&self, ns: &str) -> Result<()> {
+        let namespaces: Api<Namespace> = Api::all(self.ctx.client.clone());
+        if namespaces.get_opt(ns).await?.is_some() {
+            return Ok(());
+        }
+        let namespace = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(ns.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match namespaces.create(&PostParams::default(), &namespace).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn event(&self, obj: &M, type_: EventType, reason: &str, note: &str) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note.to_string()),
+            action: "Maintenance".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.ctx.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(error = %e, reason, "publishing an event failed");
+        }
+    }
+}
+
+/// Replaces the finalizer list, conditioned on the object's resourceVersion.
+async fn patch_finalizers<M: MaintenanceObject>(
+    api: &Api<M>,
+    obj: &M,
+    finalizers: Vec<String>,
+) -> Result<()> {
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()}});
+    api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// The keys of the NodeMaintenances (of one group's store) naming `node`.
+pub fn keys_for_node<M: MaintenanceObject>(store: &Store<M>, node: &Node) -> Vec<ObjectKey> {
+    store.keys_by_index(NODE_INDEX, &node.name_any())
+}
+
+/// Adds the node index to a NodeMaintenance store.
+pub fn index_by_node<M: MaintenanceObject>(store: &Store<M>) {
+    store.add_index(NODE_INDEX, |m: &M| vec![m.node_name().to_string()]);
+}

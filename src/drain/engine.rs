@@ -1,0 +1,423 @@
+//! The drain engine: one task per node being drained, so drains run
+//! concurrently and never block a controller's workers.
+//!
+//! A drain watches the pods of its node (a reflector with the field selector
+//! `spec.nodeName=<node>` — all pods of the cluster are never cached), evicts
+//! every pod that must go through the Eviction API (so PodDisruptionBudgets are
+//! honoured, and each pod keeps its own grace period), retries refused
+//! evictions with backoff and names the budget that refused them, and ends
+//! when the pods are gone — or when its timeout passes: then it fails with the
+//! blockers named, or deletes the remaining pods, as the caller chose.
+//!
+//! Every eviction and deletion checks leadership right before it is sent; a
+//! drain whose replica stops leading ends, and the next leader starts it again.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Client;
+use kube::api::{Api, DeleteParams, EvictParams, ListParams};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::pods::{PodClass, classify, covering_budgets, reference};
+use crate::api::node_maintenance::{DrainBlocker, DrainTimeoutPolicy, PodReference};
+use crate::runtime::backoff::{Backoff, BackoffConfig};
+use crate::runtime::leader::LeaderHandle;
+use crate::runtime::rate_limiter::lock;
+use crate::runtime::reflector::{Reflector, ReflectorConfig};
+
+/// Evictions in flight at once per drain.
+const EVICTION_CONCURRENCY: usize = 16;
+/// With nothing blocked, a drain still looks again this often (a missed pod
+/// event can only delay it this long).
+const IDLE_RECHECK: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Debug)]
+pub struct DrainOptions {
+    pub timeout: Option<Duration>,
+    pub on_timeout: DrainTimeoutPolicy,
+    /// Backoff for refused evictions and API errors.
+    pub retry: BackoffConfig,
+}
+
+impl Default for DrainOptions {
+    fn default() -> Self {
+        DrainOptions {
+            timeout: None,
+            on_timeout: DrainTimeoutPolicy::Fail,
+            retry: BackoffConfig {
+                initial: Duration::from_millis(500),
+                max: Duration::from_secs(10),
+                reset_after: Duration::from_secs(60),
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DrainProgress {
+    /// All pods on the node when the drain began.
+    pub total_pods: i32,
+    /// Pods to evict when the drain began.
+    pub eviction_pods: i32,
+    /// Pods still to go.
+    pub pending: Vec<PodReference>,
+    /// Pods whose eviction a PodDisruptionBudget refuses.
+    pub blocked: Vec<DrainBlocker>,
+    pub last_error: Option<String>,
+    /// Pods deleted (bypassing budgets) after the timeout.
+    pub forced: i32,
+}
+
+impl DrainProgress {
+    /// Percent of the pods to evict that are gone (NMO's drainProgress).
+    pub fn percent(&self) -> i32 {
+        if self.eviction_pods <= 0 {
+            return if self.pending.is_empty() { 100 } else { 0 };
+        }
+        let done = (self.eviction_pods - self.pending.len() as i32).max(0);
+        (done * 100 / self.eviction_pods).clamp(0, 100)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum DrainOutcome {
+    Running,
+    Succeeded,
+    /// The timeout passed with pods left and the policy is to fail.
+    TimedOut,
+}
+
+#[derive(Clone, Debug)]
+pub struct DrainStatus {
+    pub owner: String,
+    pub outcome: DrainOutcome,
+    pub progress: DrainProgress,
+    pub started: Instant,
+}
+
+/// Called whenever a drain's status changes (e.g. to enqueue its owner).
+pub type OnChange = Arc<dyn Fn() + Send + Sync>;
+
+struct Drain {
+    status: Arc<Mutex<DrainStatus>>,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone)]
+pub struct DrainEngine {
+    client: Client,
+    leader: LeaderHandle,
+    drains: Arc<Mutex<HashMap<String, Drain>>>,
+}
+
+impl DrainEngine {
+    pub fn new(client: Client, leader: LeaderHandle) -> Self {
+        DrainEngine {
+            client,
+            leader,
+            drains: Arc::default(),
+        }
+    }
+
+    /// Starts draining `node` for `owner` unless that drain already runs or
+    /// has finished; returns its status. A drain of the node for another
+    /// owner is stopped first (the caller settles ownership on the Node).
+    pub fn ensure(&self, node: &str, owner: &str, options: DrainOptions, on_change: OnChange) -> DrainStatus {
+        let mut drains = lock(&self.drains);
+        if let Some(d) = drains.get(node) {
+            let status = lock(&d.status).clone();
+            let ended_early = d.task.is_finished() && status.outcome == DrainOutcome::Running;
+            if status.owner == owner && !ended_early {
+                return status;
+            }
+            d.cancel.cancel();
+        }
+        let status = Arc::new(Mutex::new(DrainStatus {
+            owner: owner.to_string(),
+            outcome: DrainOutcome::Running,
+            progress: DrainProgress::default(),
+            started: Instant::now(),
+        }));
+        let cancel = CancellationToken::new();
+        let run = DrainRun {
+            client: self.client.clone(),
+            leader: self.leader.clone(),
+            node: node.to_string(),
+            options,
+            status: status.clone(),
+            on_change,
+            cancel: cancel.clone(),
+        };
+        tracing::info!(node, owner, "drain started");
+        let task = tokio::spawn(run.run());
+        let snapshot = lock(&status).clone();
+        drains.insert(node.to_string(), Drain { status, cancel, task });
+        snapshot
+    }
+
+    pub fn status(&self, node: &str) -> Option<DrainStatus> {
+        lock(&self.drains).get(node).map(|d| lock(&d.status).clone())
+    }
+
+    /// Stops `owner`'s drain of `node` (if any) and forgets it.
+    pub fn stop(&self, node: &str, owner: &str) {
+        let mut drains = lock(&self.drains);
+        if drains.get(node).is_some_and(|d| lock(&d.status).owner == owner)
+            && let Some(d) = drains.remove(node)
+        {
+            d.cancel.cancel();
+        }
+    }
+
+    /// Stops every drain (leadership lost, shutdown).
+    pub fn stop_all(&self) {
+        for (_, d) in lock(&self.drains).drain() {
+            d.cancel.cancel();
+        }
+    }
+}
+
+struct DrainRun {
+    client: Client,
+    leader: LeaderHandle,
+    node: String,
+    options: DrainOptions,
+    status: Arc<Mutex<DrainStatus>>,
+    on_change: OnChange,
+    cancel: CancellationToken,
+}
+
+/// What one round of evictions found.
+#[derive(Default)]
+struct Round {
+    blocked: Vec<Arc<Pod>>,
+    errors: Vec<String>,
+    forced: i32,
+}
+
+impl DrainRun {
+    async fn run(self) {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let config = ReflectorConfig {
+            field_selector: Some(format!("spec.nodeName={}", self.node)),
+            ..Default::default()
+        };
+        let mut reflector = Reflector::new("drain-pods", pods, config);
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let wake = changed.clone();
+        reflector.on_event(move |_| wake.notify_one());
+        let store = reflector.store();
+        let watch_stop = self.cancel.child_token();
+        let _stop_watch_on_exit = watch_stop.clone().drop_guard();
+        tokio::spawn(reflector.run(watch_stop));
+        tokio::select! {
+            _ = self.cancel.cancelled() => return,
+            _ = store.wait_synced() => {}
+        }
+
+        let started = lock(&self.status).started;
+        let mut backoff = Backoff::new(self.options.retry);
+        let mut first = true;
+        loop {
+            if !self.leader.is_leader() {
+                self.update(|s| s.progress.last_error = Some("this replica stopped leading".into()));
+                return;
+            }
+            let all = store.list();
+            let mut pending: Vec<Arc<Pod>> = all
+                .iter()
+                .filter(|p| classify(p) == PodClass::Evict)
+                .cloned()
+                .collect();
+            pending.sort_by_key(|p| reference(p));
+            if first {
+                first = false;
+                let (total, evict) = (all.len() as i32, pending.len() as i32);
+                self.update(|s| {
+                    s.progress.total_pods = total;
+                    s.progress.eviction_pods = evict;
+                });
+            }
+            if pending.is_empty() {
+                self.update(|s| {
+                    s.progress.pending.clear();
+                    s.progress.blocked.clear();
+                    s.outcome = DrainOutcome::Succeeded;
+                });
+                tracing::info!(node = %self.node, elapsed = ?started.elapsed(), "drain succeeded");
+                return;
+            }
+            let timed_out = self.options.timeout.is_some_and(|t| started.elapsed() >= t);
+            if timed_out && self.options.on_timeout == DrainTimeoutPolicy::Fail {
+                self.update(|s| {
+                    s.progress.pending = pending.iter().map(|p| reference(p)).collect();
+                    s.outcome = DrainOutcome::TimedOut;
+                });
+                tracing::warn!(node = %self.node, pending = pending.len(), "drain timed out");
+                return;
+            }
+            let to_act: Vec<Arc<Pod>> = pending
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .cloned()
+                .collect();
+            let round = if timed_out {
+                self.delete(&to_act).await
+            } else {
+                self.evict(&to_act).await
+            };
+            let blocked = self.name_budgets(&round.blocked).await;
+            let refs: Vec<PodReference> = pending.iter().map(|p| reference(p)).collect();
+            let trouble = !blocked.is_empty() || !round.errors.is_empty();
+            self.update(|s| {
+                s.progress.pending = refs;
+                s.progress.blocked = blocked;
+                s.progress.forced += round.forced;
+                if !round.errors.is_empty() {
+                    s.progress.last_error = Some(round.errors.join("; "));
+                } else if !s.progress.blocked.is_empty() {
+                    s.progress.last_error = Some(format!(
+                        "eviction refused by PodDisruptionBudget: {}",
+                        s.progress
+                            .blocked
+                            .iter()
+                            .map(|b| format!("{} ({})", b.pod, b.pdb))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                } else {
+                    s.progress.last_error = None;
+                }
+            });
+
+            let mut wait = if trouble {
+                backoff.next_delay(std::time::Instant::now())
+            } else {
+                IDLE_RECHECK
+            };
+            if let Some(t) = self.options.timeout {
+                wait = wait
+                    .min(t.saturating_sub(started.elapsed()))
+                    .max(Duration::from_millis(10));
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = changed.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Applies `f` to the status and tells the owner if anything changed.
+    fn update(&self, f: impl FnOnce(&mut DrainStatus)) {
+        let changed = {
+            let mut status = lock(&self.status);
+            let before = (status.outcome.clone(), status.progress.clone());
+            f(&mut status);
+            before != (status.outcome.clone(), status.progress.clone())
+        };
+        if changed {
+            (self.on_change)();
+        }
+    }
+
+    async fn evict(&self, pods: &[Arc<Pod>]) -> Round {
+        let results: Vec<(Arc<Pod>, Result<(), kube::Error>)> = futures::stream::iter(pods.iter().cloned())
+            .map(|pod| async move {
+                if !self.leader.is_leader() {
+                    return (pod, Ok(()));
+                }
+                let r = reference(&pod);
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
+                let result = api.evict(&r.name, &EvictParams::default()).await.map(|_| ());
+                (pod, result)
+            })
+            .buffer_unordered(EVICTION_CONCURRENCY)
+            .collect()
+            .await;
+        let mut round = Round::default();
+        for (pod, result) in results {
+            match result {
+                Ok(()) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // 429: a PodDisruptionBudget allows no disruption right now.
+                Err(kube::Error::Api(s)) if s.code == 429 => round.blocked.push(pod),
+                Err(e) => {
+                    let r = reference(&pod);
+                    round
+                        .errors
+                        .push(format!("evicting {}/{}: {e}", r.namespace, r.name));
+                }
+            }
+        }
+        round
+    }
+
+    /// After the timeout with policy DeletePods: delete, bypassing budgets
+    /// (each pod still gets its own grace period).
+    async fn delete(&self, pods: &[Arc<Pod>]) -> Round {
+        let mut round = Round::default();
+        for pod in pods {
+            if !self.leader.is_leader() {
+                break;
+            }
+            let r = reference(pod);
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
+            match api.delete(&r.name, &DeleteParams::default()).await {
+                Ok(_) => round.forced += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => round
+                    .errors
+                    .push(format!("deleting {}/{}: {e}", r.namespace, r.name)),
+            }
+        }
+        if round.forced > 0 {
+            tracing::warn!(node = %self.node, pods = round.forced, "drain timed out: deleted the remaining pods");
+        }
+        round
+    }
+
+    /// Which budget refused each blocked pod (one list per namespace).
+    async fn name_budgets(&self, blocked: &[Arc<Pod>]) -> Vec<DrainBlocker> {
+        let namespaces: BTreeSet<String> = blocked
+            .iter()
+            .filter_map(|p| p.metadata.namespace.clone())
+            .collect();
+        let mut budgets: Vec<PodDisruptionBudget> = Vec::new();
+        for ns in namespaces {
+            let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &ns);
+            match api.list(&ListParams::default()).await {
+                Ok(list) => budgets.extend(list.items),
+                Err(e) => tracing::debug!(namespace = %ns, error = %e, "listing PodDisruptionBudgets"),
+            }
+        }
+        blocked
+            .iter()
+            .map(|pod| {
+                let r = reference(pod);
+                let pdb = covering_budgets(pod, &budgets)
+                    .iter()
+                    .map(|b| {
+                        format!(
+                            "{}/{}",
+                            r.namespace,
+                            b.metadata.name.as_deref().unwrap_or_default()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",");
+                DrainBlocker {
+                    pod: format!("{}/{}", r.namespace, r.name),
+                    pdb,
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,149 @@
+//! Which pods a drain evicts (pure).
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::api::node_maintenance::PodReference;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodClass {
+    /// Managed by a DaemonSet: it would come straight back; left in place.
+    DaemonSet,
+    /// A static pod mirrored from the kubelet: cannot be evicted.
+    Mirror,
+    /// Succeeded or Failed: holds no workload, nothing to wait for.
+    Finished,
+    /// Evicted through the Eviction API.
+    Evict,
+}
+
+pub fn classify(pod: &Pod) -> PodClass {
+    let meta = &pod.metadata;
+    if meta
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+    {
+        return PodClass::Mirror;
+    }
+    if meta.owner_references.as_ref().is_some_and(|refs| {
+        refs.iter()
+            .any(|r| r.kind == "DaemonSet" && r.controller == Some(true))
+    }) {
+        return PodClass::DaemonSet;
+    }
+    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+        Some("Succeeded") | Some("Failed") => PodClass::Finished,
+        _ => PodClass::Evict,
+    }
+}
+
+pub fn reference(pod: &Pod) -> PodReference {
+    PodReference {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+/// Does `selector` select `pod`? (matchLabels and matchExpressions; an empty
+/// selector selects everything in a PodDisruptionBudget, as in policy/v1.)
+pub fn selects(selector: &LabelSelector, pod: &Pod) -> bool {
+    let empty = std::collections::BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let labels_match = selector
+        .match_labels
+        .as_ref()
+        .is_none_or(|want| want.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    let expressions_match = selector.match_expressions.as_ref().is_none_or(|exprs| {
+        exprs.iter().all(|e| {
+            let values = e.values.as_deref().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
+                "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
+                "Exists" => labels.contains_key(&e.key),
+                "DoesNotExist" => !labels.contains_key(&e.key),
+                _ => false,
+            }
+        })
+    });
+    labels_match && expressions_match
+}
+
+/// The PodDisruptionBudgets (of the pod's namespace) that cover `pod`.
+pub fn covering_budgets<'a>(pod: &Pod, budgets: &'a [PodDisruptionBudget]) -> Vec<&'a PodDisruptionBudget> {
+    budgets
+        .iter()
+        .filter(|b| b.metadata.namespace == pod.metadata.namespace)
+        .filter(|b| {
+            b.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|sel| selects(sel, pod))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).expect("a pod")
+    }
+
+    #[test]
+    fn classification_table() {
+        let cases = [
+            (json!({"metadata": {"name": "bare"}}), PodClass::Evict),
+            (
+                json!({"metadata": {"name": "rs", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "u", "controller": true}]}}),
+                PodClass::Evict,
+            ),
+            (
+                json!({"metadata": {"name": "ds", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "x", "uid": "u", "controller": true}]}}),
+                PodClass::DaemonSet,
+            ),
+            (
+                json!({"metadata": {"name": "static", "annotations": {"kubernetes.io/config.mirror": "abc"}}}),
+                PodClass::Mirror,
+            ),
+            (
+                json!({"metadata": {"name": "job"}, "status": {"phase": "Succeeded"}}),
+                PodClass::Finished,
+            ),
+            (
+                json!({"metadata": {"name": "crashed"}, "status": {"phase": "Failed"}}),
+                PodClass::Finished,
+            ),
+            (
+                json!({"metadata": {"name": "running"}, "status": {"phase": "Running"}}),
+                PodClass::Evict,
+            ),
+        ];
+        for (p, want) in cases {
+            let p = pod(p);
+            assert_eq!(classify(&p), want, "{:?}", p.metadata.name);
+        }
+    }
+
+    #[test]
+    fn budgets_cover_by_namespace_and_selector() {
+        let p =
+            pod(json!({"metadata": {"name": "p", "namespace": "a", "labels": {"app": "web", "tier": "fe"}}}));
+        let budgets: Vec<PodDisruptionBudget> = serde_json::from_value(json!([
+            {"metadata": {"name": "match", "namespace": "a"}, "spec": {"selector": {"matchLabels": {"app": "web"}}}},
+            {"metadata": {"name": "other-ns", "namespace": "b"}, "spec": {"selector": {"matchLabels": {"app": "web"}}}},
+            {"metadata": {"name": "other-app", "namespace": "a"}, "spec": {"selector": {"matchLabels": {"app": "db"}}}},
+            {"metadata": {"name": "expr", "namespace": "a"}, "spec": {"selector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["fe", "be"]}]}}},
+            {"metadata": {"name": "notin", "namespace": "a"}, "spec": {"selector": {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["fe"]}]}}}
+        ]))
+        .expect("budgets");
+        let names: Vec<_> = covering_budgets(&p, &budgets)
+            .iter()
+            .filter_map(|b| b.metadata.name.clone())
+            .collect();
+        assert_eq!(names, ["match", "expr"]);
+    }
+}
