@@ -74,12 +74,18 @@ pub async fn run(
     let mut nm_medik8s = Reflector::new(
         "nodemaintenances.medik8s",
         Api::<medik8s::NodeMaintenance>::all(client.clone()),
-        ReflectorConfig { label_selector: config.object_selector.clone(), ..Default::default() },
+        ReflectorConfig {
+            label_selector: config.object_selector.clone(),
+            ..Default::default()
+        },
     );
     let mut nm_kubevirt = Reflector::new(
         "nodemaintenances.kubevirt",
         Api::<kubevirt::NodeMaintenance>::all(client.clone()),
-        ReflectorConfig { label_selector: config.object_selector.clone(), ..Default::default() },
+        ReflectorConfig {
+            label_selector: config.object_selector.clone(),
+            ..Default::default()
+        },
     );
     let (medik8s_store, kubevirt_store) = (nm_medik8s.store(), nm_kubevirt.store());
     index_by_node(&medik8s_store);

@@ -12,17 +12,14 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector, LeaderHandle};
-use support::TestEnv;
-use tokio::net::{TcpListener, TcpStream};
+use support::{TcpProxy, TestEnv};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -445,75 +442,13 @@ enum Cut {
     Stall,
 }
 
-/// A TCP proxy in front of the API server that can cut its clients off.
-struct Proxy {
-    addr: SocketAddr,
-    cut: CancellationToken,
-}
-
-impl Proxy {
-    async fn start(upstream: SocketAddr, mode: Cut) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding the proxy");
-        let addr = listener.local_addr().expect("the proxy's address");
-        let cut = CancellationToken::new();
-        tokio::spawn(serve(listener, upstream, cut.clone(), mode));
-        Proxy { addr, cut }
-    }
-}
-
-async fn serve(listener: TcpListener, upstream: SocketAddr, cut: CancellationToken, mode: Cut) {
-    loop {
-        let accepted = tokio::select! {
-            _ = cut.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((mut inbound, _)) = accepted else {
-            continue;
-        };
-        let cut = cut.clone();
-        tokio::spawn(async move {
-            let Ok(mut outbound) = TcpStream::connect(upstream).await else {
-                return;
-            };
-            tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                _ = cut.cancelled() => {}
-            }
-            if mode == Cut::Stall {
-                // Hold both sockets open and silent until the test's runtime ends.
-                std::future::pending::<()>().await;
-            }
-        });
-    }
-    match mode {
-        // Dropping the listener makes new connections fail with "refused".
-        Cut::Sever => drop(listener),
-        // Accept and hold new connections without ever answering.
-        Cut::Stall => {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                held.push(socket);
-            }
+impl Cut {
+    fn apply(self, proxy: &TcpProxy) {
+        match self {
+            Cut::Sever => proxy.cut(),
+            Cut::Stall => proxy.stall(),
         }
     }
-}
-
-/// The admin kubeconfig's cluster, and a client that reaches it through `proxy`.
-/// TLS still verifies the server: its certificate carries SAN IP:127.0.0.1.
-async fn client_via_proxy(mode: Cut) -> (Client, Proxy) {
-    let kubeconfig =
-        Kubeconfig::read_from(&support::control_plane().kubeconfig).expect("reading the kubeconfig");
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("loading the kubeconfig");
-    let authority = config
-        .cluster_url
-        .authority()
-        .expect("the cluster URL names a host");
-    let upstream: SocketAddr = authority.as_str().parse().expect("the cluster URL is IP:port");
-    let proxy = Proxy::start(upstream, mode).await;
-    config.cluster_url = format!("https://{}", proxy.addr).parse().expect("a URL");
-    (Client::try_from(config).expect("building a client"), proxy)
 }
 
 /// One read of the lease by the observer: when it was sent and what came back.
@@ -584,8 +519,8 @@ async fn cut_off_leader(mode: Cut) {
     ));
     let recorder = Recorder::start();
 
-    let (proxied, proxy) = client_via_proxy(mode).await;
-    let cut_off = start(proxied, config(&env.namespace, "cut-off", t));
+    let proxy = TcpProxy::start(cp.apiserver_addr()).await;
+    let cut_off = start(cp.client_via(&proxy).await, config(&env.namespace, "cut-off", t));
     recorder.watch(&cut_off.handle);
     wait_until_leading(&cut_off.handle, Duration::from_secs(10)).await;
     let standby = start(cp.client().await, config(&env.namespace, "standby", t));
@@ -603,7 +538,7 @@ async fn cut_off_leader(mode: Cut) {
         Instant::now()
     });
     let cut = Instant::now();
-    proxy.cut.cancel();
+    mode.apply(&proxy);
     wait_until_leading(
         &standby.handle,
         t.lease + t.max_retry_wait() + Duration::from_secs(10),

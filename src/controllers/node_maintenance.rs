@@ -724,3 +724,270 @@ pub fn keys_for_node<M: MaintenanceObject>(store: &Store<M>, node: &Node) -> Vec
 pub fn index_by_node<M: MaintenanceObject>(store: &Store<M>) {
     store.add_index(NODE_INDEX, |m: &M| vec![m.node_name().to_string()]);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::node_maintenance::{DrainBlocker, PodReference};
+    use crate::drain::DrainProgress;
+
+    fn ts(s: i64) -> Timestamp {
+        Timestamp::from_second(s).expect("a time")
+    }
+
+    fn claim(owner: &str, created: i64) -> Claim {
+        Claim {
+            owner: owner.into(),
+            created: Some(ts(created)),
+            deleting: false,
+            active: false,
+        }
+    }
+
+    fn facts<'a>(others: &'a [Claim]) -> Facts<'a> {
+        Facts {
+            owner: "g/me",
+            node_name: "n1",
+            node_exists: true,
+            others,
+            created: Some(ts(100)),
+            drain_timeout: None,
+            admitted: true,
+            lease: Some(LeaseState::Ours),
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let earlier = [claim("g/first", 50)];
+        let later = [claim("g/second", 150)];
+        let same_time_smaller_name = [claim("g/a", 100)];
+        let deleting = [Claim {
+            deleting: true,
+            ..claim("g/first", 50)
+        }];
+        type Case<'a> = (&'a str, Box<dyn Fn(&mut Facts<'a>) + 'a>, &'a str);
+        let cases: Vec<Case> = vec![
+            ("ok", Box::new(|_| {}), "Drain"),
+            (
+                "no node",
+                Box::new(|f| f.node_exists = false),
+                "Fail:NodeNotFound",
+            ),
+            (
+                "earlier claim",
+                Box::new(|f| f.others = &earlier),
+                "Fail:DuplicateMaintenance",
+            ),
+            ("later claim loses", Box::new(|f| f.others = &later), "Drain"),
+            (
+                "tie broken by name",
+                Box::new(|f| f.others = &same_time_smaller_name),
+                "Fail:DuplicateMaintenance",
+            ),
+            (
+                "deleting claim ignored",
+                Box::new(|f| f.others = &deleting),
+                "Drain",
+            ),
+            (
+                "bad timeout",
+                Box::new(|f| f.drain_timeout = Some("ten minutes")),
+                "Fail:InvalidSpec",
+            ),
+            (
+                "good timeout",
+                Box::new(|f| f.drain_timeout = Some("10m")),
+                "Drain",
+            ),
+            (
+                "lease held",
+                Box::new(|f| f.lease = Some(LeaseState::HeldBy("snr".into()))),
+                "Wait:LeaseHeld",
+            ),
+            (
+                "over limit",
+                Box::new(|f| f.admitted = false),
+                "Wait:WaitingForSlot",
+            ),
+            (
+                "bad input wins over waiting",
+                Box::new(|f| {
+                    f.node_exists = false;
+                    f.admitted = false;
+                }),
+                "Fail:NodeNotFound",
+            ),
+        ];
+        for (name, tweak, want) in cases {
+            let mut f = facts(&[]);
+            tweak(&mut f);
+            let got = match decide(&f) {
+                Decision::Drain => "Drain".to_string(),
+                Decision::Fail { reason, .. } => format!("Fail:{reason}"),
+                Decision::Wait { reason, .. } => format!("Wait:{reason}"),
+            };
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn failure_messages_name_the_field_and_the_first_claim() {
+        let earlier = [claim("nodemaintenance.medik8s.io/first", 50)];
+        let mut f = facts(&earlier);
+        let Decision::Fail { message, .. } = decide(&f) else {
+            panic!("expected a failure")
+        };
+        assert!(
+            message.contains("spec.nodeName") && message.contains("nodemaintenance.medik8s.io/first"),
+            "{message}"
+        );
+        f.others = &[];
+        f.node_exists = false;
+        let Decision::Fail { message, .. } = decide(&f) else {
+            panic!("expected a failure")
+        };
+        assert!(
+            message.contains("spec.nodeName") && message.contains("\"n1\""),
+            "{message}"
+        );
+    }
+
+    fn drain(outcome: DrainOutcome, eviction: i32, pending: usize, blocked: bool) -> DrainStatus {
+        let pending: Vec<PodReference> = (0..pending)
+            .map(|i| PodReference {
+                namespace: "ns".into(),
+                name: format!("p{i}"),
+            })
+            .collect();
+        DrainStatus {
+            owner: "g/me".into(),
+            outcome,
+            progress: DrainProgress {
+                total_pods: eviction + 1,
+                eviction_pods: eviction,
+                blocked: if blocked {
+                    vec![DrainBlocker {
+                        pod: "ns/p0".into(),
+                        pdb: "ns/web-pdb".into(),
+                    }]
+                } else {
+                    vec![]
+                },
+                pending,
+                last_error: None,
+                forced: 0,
+            },
+            started: tokio::time::Instant::now(),
+        }
+    }
+
+    #[test]
+    fn statuses() {
+        let now = ts(1000);
+        // (decision, drain, phase, progress, condition reason, Drained)
+        let cases = [
+            (
+                Decision::Drain,
+                Some(drain(DrainOutcome::Running, 4, 3, false)),
+                MaintenancePhase::Running,
+                Some(25),
+                "Draining",
+                false,
+            ),
+            (
+                Decision::Drain,
+                Some(drain(DrainOutcome::Running, 4, 1, true)),
+                MaintenancePhase::Running,
+                Some(75),
+                "BlockedByPDB",
+                false,
+            ),
+            (
+                Decision::Drain,
+                Some(drain(DrainOutcome::Succeeded, 4, 0, false)),
+                MaintenancePhase::Succeeded,
+                Some(100),
+                "Drained",
+                true,
+            ),
+            (
+                Decision::Drain,
+                Some(drain(DrainOutcome::Succeeded, 0, 0, false)),
+                MaintenancePhase::Succeeded,
+                Some(100),
+                "Drained",
+                true,
+            ),
+            (
+                Decision::Drain,
+                Some(drain(DrainOutcome::TimedOut, 4, 1, true)),
+                MaintenancePhase::Failed,
+                Some(75),
+                "DrainTimeout",
+                false,
+            ),
+            (
+                Decision::Fail {
+                    reason: "NodeNotFound",
+                    message: "x".into(),
+                },
+                None,
+                MaintenancePhase::Failed,
+                None,
+                "NodeNotFound",
+                false,
+            ),
+            (
+                Decision::Wait {
+                    reason: "WaitingForSlot",
+                    message: "x".into(),
+                },
+                None,
+                MaintenancePhase::Running,
+                None,
+                "WaitingForSlot",
+                false,
+            ),
+        ];
+        for (decision, d, phase, progress, reason, drained) in cases {
+            let s = status_for(None, &decision, d.as_ref(), Some(3), now);
+            assert_eq!(s.phase, Some(phase), "{reason}");
+            assert_eq!(s.drain_progress, progress, "{reason}");
+            let c = &s.conditions.as_ref().expect("conditions")[0];
+            assert_eq!((c.reason.as_str(), c.status == "True"), (reason, drained));
+            assert_eq!(c.observed_generation, Some(3));
+        }
+    }
+
+    #[test]
+    fn blocked_status_names_the_budget_and_timeout_names_the_blockers() {
+        let blocked = drain(DrainOutcome::Running, 2, 1, true);
+        let s = status_for(None, &Decision::Drain, Some(&blocked), Some(1), ts(1));
+        let message = &s.conditions.as_ref().expect("conditions")[0].message;
+        assert!(message.contains("ns/web-pdb"), "{message}");
+        assert_eq!(
+            s.blocked_by.as_ref().map(|b| b[0].pdb.as_str()),
+            Some("ns/web-pdb")
+        );
+        assert_eq!(s.pending_pods.as_deref(), Some(&["p0".to_string()][..]));
+        let timed_out = drain(DrainOutcome::TimedOut, 2, 1, true);
+        let s = status_for(None, &Decision::Drain, Some(&timed_out), Some(1), ts(1));
+        let err = s.last_error.expect("an error");
+        assert!(
+            err.contains("spec.drainTimeout") && err.contains("ns/p0 blocked by ns/web-pdb"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn phase_events() {
+        use MaintenancePhase::*;
+        let reason = |p, n| phase_event(p, n).map(|(_, r)| r);
+        assert_eq!(reason(None, Running), Some("BeginMaintenance"));
+        assert_eq!(reason(Some(Running), Running), None);
+        assert_eq!(reason(Some(Running), Succeeded), Some("SucceedMaintenance"));
+        assert_eq!(reason(Some(Running), Failed), Some("FailedMaintenance"));
+        assert_eq!(reason(None, Failed), Some("FailedMaintenance"));
+    }
+}

@@ -358,12 +358,21 @@ pub fn node_is_ready(node: &Node) -> bool {
 }
 
 /// A TCP proxy on loopback in front of the API server that a test can cut
-/// (every open connection dropped, new ones refused) and restore: a client
-/// cut off from the API server while the server itself keeps running.
+/// (every open connection dropped, new ones refused), stall (connections stay
+/// open but nothing is forwarded) and restore: a client cut off from the API
+/// server while the server itself keeps running.
 pub struct TcpProxy {
     pub port: u16,
-    cut: tokio::sync::watch::Sender<bool>,
+    link: tokio::sync::watch::Sender<Link>,
     accept_task: tokio::task::JoinHandle<()>,
+}
+
+/// The state of a `TcpProxy`'s link to its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    Up,
+    Cut,
+    Stalled,
 }
 
 impl TcpProxy {
@@ -372,46 +381,111 @@ impl TcpProxy {
             .await
             .expect("binding a proxy port");
         let port = listener.local_addr().expect("a bound address").port();
-        let (cut, _) = tokio::sync::watch::channel(false);
-        let cut_tx = cut.clone();
+        let (link, _) = tokio::sync::watch::channel(Link::Up);
+        let link_tx = link.clone();
         let accept_task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let mut cut_rx = cut_tx.subscribe();
-                if *cut_rx.borrow() {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let link = link_tx.subscribe();
+                if *link.borrow() == Link::Cut {
                     continue; // refused: dropped at once
                 }
-                let target = target.clone();
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = cut_rx.wait_for(|cut| *cut) => {}
-                    }
-                });
+                tokio::spawn(forward(inbound, target.clone(), link));
             }
         });
         TcpProxy {
             port,
-            cut,
+            link,
             accept_task,
         }
     }
 
     /// Drops every open connection and refuses new ones until `restore`.
     pub fn cut(&self) {
-        self.cut.send_replace(true);
+        self.link.send_replace(Link::Cut);
     }
 
+    /// Keeps every connection open, and accepts new ones, but forwards nothing
+    /// in either direction until `restore` (requests hang instead of failing).
+    /// `cut` still drops them all.
+    pub fn stall(&self) {
+        self.link.send_replace(Link::Stalled);
+    }
+
+    /// Forwards again: new connections after a cut; after a stall, the held
+    /// connections resume where they stopped, nothing lost.
     pub fn restore(&self) {
-        self.cut.send_replace(false);
+        self.link.send_replace(Link::Up);
     }
 }
 
 impl Drop for TcpProxy {
     fn drop(&mut self) {
         self.accept_task.abort();
-        self.cut.send_replace(true);
+        self.link.send_replace(Link::Cut);
+    }
+}
+
+/// Why a forwarded connection ended early: the proxy cut it (or was dropped).
+fn cut_off() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut by the proxy")
+}
+
+/// Waits out a stall. Ok once the link is up, Err once it is cut.
+async fn passable(link: &mut tokio::sync::watch::Receiver<Link>) -> std::io::Result<()> {
+    match link.wait_for(|l| *l != Link::Stalled).await {
+        Ok(l) if *l == Link::Up => Ok(()),
+        _ => Err(cut_off()),
+    }
+}
+
+/// Resolves once the link is cut (or the proxy is gone).
+async fn severed(link: &mut tokio::sync::watch::Receiver<Link>) {
+    let _ = link.wait_for(|l| *l == Link::Cut).await;
+}
+
+/// Forwards one accepted connection to `target` until either side closes or
+/// the link is cut. A connection accepted during a stall is not even passed on
+/// until the stall ends.
+async fn forward(
+    inbound: tokio::net::TcpStream,
+    target: String,
+    mut link: tokio::sync::watch::Receiver<Link>,
+) {
+    if passable(&mut link).await.is_err() {
+        return;
+    }
+    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+        return;
+    };
+    let (from_client, to_client) = inbound.into_split();
+    let (from_server, to_server) = outbound.into_split();
+    // The first error (or cut) ends both directions and drops both sockets.
+    let _ = tokio::try_join!(
+        pump(from_client, to_server, link.clone()),
+        pump(from_server, to_client, link),
+    );
+}
+
+/// Copies one direction, passing EOF on as a write shutdown. Bytes read while
+/// the link is stalled are held until it is up again.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut link: tokio::sync::watch::Receiver<Link>,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            read = from.read(&mut buf) => read?,
+            () = severed(&mut link) => return Err(cut_off()),
+        };
+        passable(&mut link).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        tokio::select! {
+            written = to.write_all(&buf[..n]) => written?,
+            () = severed(&mut link) => return Err(cut_off()),
+        }
     }
 }
