@@ -6,6 +6,7 @@
 //! server, `telemetry` logging and metrics setup.
 
 pub mod api;
+pub mod client;
 pub mod controllers;
 pub mod drain;
 pub mod error;

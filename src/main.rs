@@ -103,20 +103,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
     leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
     leader.retry_period = seconds(args.retry_period, "retry-period")?;
-    let client = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            let config =
-                kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-                    .await
-                    .context("loading the kubeconfig")?;
-            kube::Client::try_from(config).context("building the Kubernetes client")?
-        }
-        None => kube::Client::try_default()
-            .await
-            .context("building the Kubernetes client")?,
-    };
+    let client = nodewarden::client::build(args.kubeconfig.as_deref()).await?;
     let config = OperatorConfig {
         leader,
         http_addr: args.http_addr,

@@ -110,7 +110,7 @@ impl ControlPlane {
         let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .expect("loading the kubeconfig");
-        Client::try_from(config).expect("building a client")
+        nodewarden::client::from_config(config).expect("building a client")
     }
 
     /// A client whose connections go through `proxy` instead of straight to
@@ -123,7 +123,7 @@ impl ControlPlane {
         config.cluster_url = format!("https://127.0.0.1:{}", proxy.port)
             .parse()
             .expect("a proxy URL");
-        Client::try_from(config).expect("building a client")
+        nodewarden::client::from_config(config).expect("building a client")
     }
 
     /// The API server's loopback address.
@@ -186,6 +186,7 @@ pub struct TestEnv {
     pub id: String,
     pub namespace: String,
     cleaned: bool,
+    nodes_created: std::sync::atomic::AtomicUsize,
 }
 
 impl TestEnv {
@@ -224,6 +225,7 @@ impl TestEnv {
             id,
             namespace,
             cleaned: false,
+            nodes_created: Default::default(),
         }
     }
 
@@ -240,16 +242,28 @@ impl TestEnv {
     /// Creates `count` Nodes that kwok will run (it marks them Ready and runs
     /// their pods), labelled with the run id and `labels`. Returns their names.
     pub async fn create_kwok_nodes(&self, count: usize, labels: &[(&str, &str)]) -> Vec<String> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
         let mut names = Vec::with_capacity(count);
-        for i in 0..count {
+        for _ in 0..count {
+            let i = self
+                .nodes_created
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let name = self.name(&format!("node-{i}"));
+            self.create_kwok_node(&name, labels).await;
+            names.push(name);
+        }
+        names
+    }
+
+    /// Creates one kwok Node named `name` (see `create_kwok_nodes`).
+    pub async fn create_kwok_node(&self, name: &str, labels: &[(&str, &str)]) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        {
             let mut all_labels: BTreeMap<String, String> = labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
             all_labels.insert(RUN_LABEL.into(), self.id.clone());
-            all_labels.insert("kubernetes.io/hostname".into(), name.clone());
+            all_labels.insert("kubernetes.io/hostname".into(), name.to_string());
             all_labels.insert("kubernetes.io/os".into(), "linux".into());
             all_labels.insert("kubernetes.io/arch".into(), "amd64".into());
             all_labels.insert("type".into(), "kwok".into());
@@ -271,9 +285,7 @@ impl TestEnv {
                 .create(&PostParams::default(), &node)
                 .await
                 .expect("creating a kwok node");
-            names.push(name);
         }
-        names
     }
 
     /// Deletes the test's namespace and every cluster-scoped object carrying its run label.
@@ -285,6 +297,8 @@ impl TestEnv {
 
 async fn cleanup(client: &Client, id: &str, namespace: &str) {
     let selector = format!("{RUN_LABEL}={id}");
+    remove_all::<nodewarden::api::node_maintenance::medik8s::NodeMaintenance>(client, &selector).await;
+    remove_all::<nodewarden::api::node_maintenance::kubevirt::NodeMaintenance>(client, &selector).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let _ = nodes
         .delete_collection(&DeleteParams::default(), &ListParams::default().labels(&selector))
@@ -292,6 +306,33 @@ async fn cleanup(client: &Client, id: &str, namespace: &str) {
     let _ = Api::<Namespace>::all(client.clone())
         .delete(namespace, &DeleteParams::default())
         .await;
+}
+
+/// Deletes every `K` matching `selector`, dropping finalizers first (the
+/// operator that would remove them may be gone already).
+async fn remove_all<K>(client: &Client, selector: &str)
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let Ok(list) = api.list(&ListParams::default().labels(selector)).await else {
+        return;
+    };
+    for obj in list.items {
+        let name = obj.meta().name.clone().unwrap_or_default();
+        let patch = json!({"metadata": {"finalizers": null}});
+        let _ = api
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await;
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
 }
 
 impl Drop for TestEnv {
@@ -487,5 +528,94 @@ async fn pump(
             written = to.write_all(&buf[..n]) => written?,
             () = severed(&mut link) => return Err(cut_off()),
         }
+    }
+}
+
+/// Installs (server-side apply, idempotent) every CRD nodewarden defines and
+/// waits until the API server serves them.
+pub async fn install_crds(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in nodewarden::api::all_crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let params = kube::api::PatchParams::apply("nodewarden-tests").force();
+        crds.patch(&name, &params, &kube::api::Patch::Apply(&crd))
+            .await
+            .expect("applying a CRD");
+        wait_for(
+            &format!("CRD {name} established"),
+            Duration::from_secs(30),
+            || async {
+                match crds.get(&name).await {
+                    Ok(c) => {
+                        let established =
+                            c.status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|cs| {
+                                    cs.iter().any(|c| c.type_ == "Established" && c.status == "True")
+                                });
+                        if established {
+                            Probe::Done(())
+                        } else {
+                            Probe::NotYet("not established".into())
+                        }
+                    }
+                    Err(e) => Probe::NotYet(seen(e)),
+                }
+            },
+        )
+        .await;
+    }
+}
+
+/// An operator run in-process for one test, scoped to the test's nodes and
+/// objects (its run label), with a leader lease in the test's namespace.
+pub struct RunningOperator {
+    pub shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestEnv {
+    pub async fn start_operator(
+        &self,
+        maintenance: nodewarden::controllers::node_maintenance::MaintenanceConfig,
+    ) -> RunningOperator {
+        // Logs of the operator under test (RUST_LOG picks the level).
+        nodewarden::telemetry::init_logging(false);
+        install_crds(&self.client).await;
+        let mut leader = nodewarden::runtime::leader::LeaderElectionConfig::new(
+            self.namespace.clone(),
+            "nodewarden",
+            format!("{}-operator", self.id),
+        );
+        leader.lease_duration = Duration::from_secs(3);
+        leader.renew_deadline = Duration::from_secs(2);
+        leader.retry_period = Duration::from_millis(500);
+        let config = nodewarden::operator::OperatorConfig {
+            leader,
+            http_addr: "127.0.0.1:0".parse().expect("an address"),
+            node_selector: Some(self.run_selector()),
+            object_selector: Some(self.run_selector()),
+            maintenance,
+            workers: 8,
+        };
+        let client = control_plane().client().await;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = nodewarden::operator::run(client, config, stop).await {
+                panic!("the operator failed: {e}");
+            }
+        });
+        RunningOperator { shutdown, task }
+    }
+}
+
+impl RunningOperator {
+    /// Graceful stop (as on SIGTERM).
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(20), self.task).await;
     }
 }

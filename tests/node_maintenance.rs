@@ -1,0 +1,644 @@
+//! NodeMaintenance against the real control plane: kwok nodes, the real
+//! scheduler and controllers, PodDisruptionBudgets enforced by the API server.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodewarden::api::node_maintenance::{MaintenancePhase, kubevirt, medik8s};
+use nodewarden::controllers::node_maintenance::MaintenanceConfig;
+use serde_json::json;
+use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn maintenance(env: &TestEnv, name: &str, node: &str, extra: serde_json::Value) -> medik8s::NodeMaintenance {
+    let mut spec = json!({"nodeName": node, "reason": "test"});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": env.name(name), "labels": {RUN_LABEL: env.id}},
+        "spec": spec,
+    }))
+    .expect("a NodeMaintenance")
+}
+
+async fn create_nm(env: &TestEnv, nm: &medik8s::NodeMaintenance) {
+    Api::<medik8s::NodeMaintenance>::all(env.client.clone())
+        .create(&PostParams::default(), nm)
+        .await
+        .expect("creating a NodeMaintenance");
+}
+
+async fn wait_phase(client: &Client, name: &str, phase: MaintenancePhase) -> medik8s::NodeMaintenance {
+    let api: Api<medik8s::NodeMaintenance> = Api::all(client.clone());
+    wait_for(&format!("{name} to reach {phase:?}"), TIMEOUT, || async {
+        match api.get(name).await {
+            Ok(nm) => match nm.status.as_ref().and_then(|s| s.phase) {
+                Some(p) if p == phase => Probe::Done(nm),
+                _ => Probe::NotYet(format!("status {:?}", nm.status)),
+            },
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await
+}
+
+async fn wait_gone(client: &Client, name: &str) {
+    let api: Api<medik8s::NodeMaintenance> = Api::all(client.clone());
+    wait_for(&format!("{name} to be gone"), TIMEOUT, || async {
+        match api.get_opt(name).await {
+            Ok(None) => Probe::Done(()),
+            Ok(Some(nm)) => Probe::NotYet(format!("finalizers {:?}", nm.finalizers())),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await
+}
+
+/// Pods of the test's namespace on `node`.
+async fn pods_on(env: &TestEnv, node: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    pods.list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn deployment(env: &TestEnv, name: &str, replicas: i32) {
+    let d: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {RUN_LABEL: env.id},
+                    "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
+                },
+            },
+        },
+    }))
+    .expect("a deployment");
+    Api::<Deployment>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &d)
+        .await
+        .expect("creating a deployment");
+}
+
+async fn bare_pod(env: &TestEnv, name: &str, node: &str) {
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/app:1"}]},
+    }))
+    .expect("a pod");
+    Api::<Pod>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("creating a pod");
+}
+
+async fn pdb(env: &TestEnv, name: &str, app: &str, min_available: i32) {
+    let b: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+    }))
+    .expect("a pdb");
+    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &b)
+        .await
+        .expect("creating a pdb");
+}
+
+/// Waits until `count` Ready pods of the namespace run on `node`.
+async fn wait_ready_pods(env: &TestEnv, node: &str, count: usize) {
+    wait_for(&format!("{count} Ready pods on {node}"), TIMEOUT, || async {
+        let pods = pods_on(env, node).await;
+        let n = pods.iter().filter(|p| ready(p)).count();
+        if n == count {
+            Probe::Done(())
+        } else {
+            Probe::NotYet(format!("{n} Ready of {}", pods.len()))
+        }
+    })
+    .await
+}
+
+async fn node(env: &TestEnv, name: &str) -> Node {
+    Api::<Node>::all(env.client.clone())
+        .get(name)
+        .await
+        .expect("getting the node")
+}
+
+fn taint_keys(node: &Node) -> BTreeSet<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| ts.iter().map(|t| t.key.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn cordoned(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
+/// Event reasons recorded for the NodeMaintenance `name`.
+async fn event_reasons(env: &TestEnv, name: &str) -> BTreeSet<String> {
+    let events: Api<Event> = Api::all(env.client.clone());
+    events
+        .list(&ListParams::default().fields(&format!("regarding.name={name}")))
+        .await
+        .map(|l| l.items.into_iter().filter_map(|e| e.reason).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
+    let env = TestEnv::new("nm-drain").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    // Only the target exists at first, so every workload lands on it.
+    let target = env.create_kwok_nodes(1, &[]).await.remove(0);
+    deployment(&env, "web", 4).await;
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {
+                    "nodeSelector": {RUN_LABEL: env.id},
+                    "containers": [{"name": "c", "image": "registry.invalid/agent:1"}],
+                },
+            },
+        },
+    }))
+    .expect("a daemonset");
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &ds)
+        .await
+        .expect("creating a daemonset");
+    bare_pod(&env, "lonely", &target).await;
+    wait_ready_pods(&env, &target, 6).await;
+    let others = env.create_kwok_nodes(2, &[]).await;
+
+    let nm = maintenance(&env, "m", &target, json!({}));
+    let name = nm.name_any();
+    create_nm(&env, &nm).await;
+    let done = wait_phase(&env.client, &name, MaintenancePhase::Succeeded).await;
+    let status = done.status.expect("a status");
+    assert_eq!(status.drain_progress, Some(100));
+    assert_eq!(status.total_pods, Some(6), "4 web + 1 daemonset + 1 bare pod");
+    assert_eq!(status.eviction_pods, Some(5), "the daemonset pod stays");
+    assert_eq!(status.pending_pods.as_deref().map(<[String]>::len), Some(0));
+    let condition = &status.conditions.expect("conditions")[0];
+    assert_eq!(
+        (condition.type_.as_str(), condition.status.as_str()),
+        ("Drained", "True")
+    );
+    assert_eq!(condition.observed_generation, done.metadata.generation);
+
+    // The Deployment's pods moved to the other nodes; the DaemonSet pod stayed;
+    // the bare pod is gone.
+    wait_for("4 web pods Ready on the other nodes", TIMEOUT, || async {
+        let mut ready_elsewhere = 0;
+        for n in &others {
+            ready_elsewhere += pods_on(&env, n)
+                .await
+                .iter()
+                .filter(|p| ready(p) && p.labels().get("app").is_some_and(|a| a == "web"))
+                .count();
+        }
+        if ready_elsewhere == 4 {
+            Probe::Done(())
+        } else {
+            Probe::NotYet(format!("{ready_elsewhere} Ready"))
+        }
+    })
+    .await;
+    let left: Vec<String> = pods_on(&env, &target)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(
+        left.len(),
+        1,
+        "only the daemonset pod stays on the node: {left:?}"
+    );
+    assert!(left[0].starts_with("agent-"), "{left:?}");
+
+    let held = node(&env, &target).await;
+    assert!(cordoned(&held));
+    let taints = taint_keys(&held);
+    assert!(
+        taints.contains("medik8s.io/drain") && taints.contains("node.kubernetes.io/unschedulable"),
+        "{taints:?}"
+    );
+    assert_eq!(
+        held.labels()
+            .get("remediation.medik8s.io/exclude-from-remediation")
+            .map(String::as_str),
+        Some("true")
+    );
+    let lease = Api::<Lease>::namespaced(env.client.clone(), "medik8s-leases")
+        .get(&format!("node-{target}"))
+        .await
+        .expect("the per-node lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("node-maintenance")
+    );
+    let nm_now: medik8s::NodeMaintenance = Api::all(env.client.clone())
+        .get(&name)
+        .await
+        .expect("the NodeMaintenance");
+    assert_eq!(
+        nm_now.owner_references().first().map(|r| r.name.as_str()),
+        Some(target.as_str())
+    );
+
+    // Deleting it undoes everything maintenance did.
+    Api::<medik8s::NodeMaintenance>::all(env.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleting the NodeMaintenance");
+    wait_gone(&env.client, &name).await;
+    let restored = node(&env, &target).await;
+    assert!(!cordoned(&restored));
+    wait_for(
+        "the unschedulable taint to go",
+        Duration::from_secs(30),
+        || async {
+            let taints = taint_keys(&node(&env, &target).await);
+            if taints.is_empty() {
+                Probe::Done(())
+            } else {
+                Probe::NotYet(format!("{taints:?}"))
+            }
+        },
+    )
+    .await;
+    assert!(
+        !restored
+            .labels()
+            .contains_key("remediation.medik8s.io/exclude-from-remediation")
+    );
+    let lease = Api::<Lease>::namespaced(env.client.clone(), "medik8s-leases")
+        .get_opt(&format!("node-{target}"))
+        .await
+        .expect("reading the lease");
+    assert!(lease.is_none(), "the per-node lease is released");
+    let reasons = event_reasons(&env, &name).await;
+    for reason in ["BeginMaintenance", "SucceedMaintenance", "RemovedMaintenance"] {
+        assert!(
+            reasons.contains(reason),
+            "event {reason} missing from {reasons:?}"
+        );
+    }
+    op.stop().await;
+    env.cleanup().await;
+}
+
+/// A node running two pods of an app whose budget allows no disruption.
+async fn guarded_node(env: &TestEnv) -> String {
+    let target = env.create_kwok_nodes(1, &[]).await.remove(0);
+    deployment(env, "guarded", 2).await;
+    wait_ready_pods(env, &target, 2).await;
+    pdb(env, "guarded-pdb", "guarded", 2).await;
+    env.create_kwok_nodes(1, &[]).await;
+    target
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_pdb_is_named_and_relaxing_it_lets_the_drain_finish() {
+    let env = TestEnv::new("nm-pdb").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    let target = guarded_node(&env).await;
+    let nm = maintenance(&env, "m", &target, json!({}));
+    let name = nm.name_any();
+    create_nm(&env, &nm).await;
+
+    let api: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    let pdb_name = format!("{}/guarded-pdb", env.namespace);
+    let blocked = wait_for("the PDB named in status", TIMEOUT, || async {
+        match api.get(&name).await {
+            Ok(nm) => {
+                let s = nm.status.clone().unwrap_or_default();
+                let named = s
+                    .blocked_by
+                    .as_ref()
+                    .is_some_and(|b| b.iter().all(|b| b.pdb == pdb_name) && b.len() == 2);
+                if named && s.phase == Some(MaintenancePhase::Running) {
+                    Probe::Done(s)
+                } else {
+                    Probe::NotYet(format!("{s:?}"))
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let condition = &blocked.conditions.expect("conditions")[0];
+    assert_eq!(condition.reason, "BlockedByPDB");
+    assert!(condition.message.contains(&pdb_name), "{}", condition.message);
+    assert_eq!(blocked.drain_progress, Some(0));
+
+    // Still blocked a while later: nodewarden never breaks the budget.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = api
+        .get(&name)
+        .await
+        .expect("the NodeMaintenance")
+        .status
+        .unwrap_or_default();
+    assert_eq!(still.phase, Some(MaintenancePhase::Running));
+    assert_eq!(pods_on(&env, &target).await.len(), 2);
+
+    let relax = json!({"spec": {"minAvailable": 0}});
+    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
+        .patch("guarded-pdb", &PatchParams::default(), &Patch::Merge(&relax))
+        .await
+        .expect("relaxing the pdb");
+    let done = wait_phase(&env.client, &name, MaintenancePhase::Succeeded).await;
+    assert_eq!(done.status.and_then(|s| s.drain_progress), Some(100));
+    op.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_timeout_fails_naming_the_blockers_or_deletes_as_configured() {
+    let env = TestEnv::new("nm-timeout").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    let target = guarded_node(&env).await;
+    let nm = maintenance(&env, "fail", &target, json!({"drainTimeout": "3s"}));
+    let name = nm.name_any();
+    create_nm(&env, &nm).await;
+    let failed = wait_phase(&env.client, &name, MaintenancePhase::Failed).await;
+    let err = failed.status.and_then(|s| s.last_error).expect("lastError");
+    assert!(
+        err.contains("spec.drainTimeout") && err.contains("guarded-pdb"),
+        "{err}"
+    );
+    assert_eq!(
+        pods_on(&env, &target).await.len(),
+        2,
+        "Fail leaves the pods alone"
+    );
+    assert!(event_reasons(&env, &name).await.contains("FailedMaintenance"));
+
+    // The same drain with DeletePods: the pods go, the maintenance succeeds.
+    Api::<medik8s::NodeMaintenance>::all(env.client.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleting");
+    wait_gone(&env.client, &name).await;
+    let force = maintenance(
+        &env,
+        "force",
+        &target,
+        json!({"drainTimeout": "3s", "onDrainTimeout": "DeletePods"}),
+    );
+    create_nm(&env, &force).await;
+    wait_phase(&env.client, &force.name_any(), MaintenancePhase::Succeeded).await;
+    let guarded_left = pods_on(&env, &target)
+        .await
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .count();
+    assert_eq!(guarded_left, 0);
+    op.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_admin_cordoned_stays_cordoned_after_maintenance() {
+    let env = TestEnv::new("nm-admin").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    let target = env.create_kwok_nodes(1, &[]).await.remove(0);
+    let cordon = json!({"spec": {"unschedulable": true}});
+    Api::<Node>::all(env.client.clone())
+        .patch(&target, &PatchParams::default(), &Patch::Merge(&cordon))
+        .await
+        .expect("cordoning as the admin");
+    let nm = maintenance(&env, "m", &target, json!({}));
+    create_nm(&env, &nm).await;
+    wait_phase(&env.client, &nm.name_any(), MaintenancePhase::Succeeded).await;
+    assert!(taint_keys(&node(&env, &target).await).contains("medik8s.io/drain"));
+    Api::<medik8s::NodeMaintenance>::all(env.client.clone())
+        .delete(&nm.name_any(), &DeleteParams::default())
+        .await
+        .expect("deleting");
+    wait_gone(&env.client, &nm.name_any()).await;
+    let after = node(&env, &target).await;
+    assert!(cordoned(&after), "the admin's cordon must survive");
+    assert!(
+        !taint_keys(&after).contains("medik8s.io/drain"),
+        "our taint is removed"
+    );
+    op.stop().await;
+    env.cleanup().await;
+}
+
+/// Creates one NodeMaintenance per node, lifts each node's blocking budget
+/// after `hold`, and returns how long until all succeeded.
+async fn maintain_all(env: &TestEnv, nodes: &[(usize, String)], hold: Duration) -> Duration {
+    let start = Instant::now();
+    let names: Vec<String> = futures::future::join_all(nodes.iter().map(|(i, n)| async move {
+        let nm = maintenance(env, &format!("busy-{i}"), n, json!({}));
+        create_nm(env, &nm).await;
+        nm.name_any()
+    }))
+    .await;
+    tokio::time::sleep(hold).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.namespace);
+    for (i, _) in nodes {
+        budgets
+            .delete(&format!("hold-{i}"), &DeleteParams::default())
+            .await
+            .expect("lifting a budget");
+    }
+    for name in &names {
+        wait_phase(&env.client, name, MaintenancePhase::Succeeded).await;
+    }
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_maintenances_at_once_take_about_as_long_as_one() {
+    let env = TestEnv::new("nm-twenty").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    // 21 busy nodes, each running 3 pods held by a budget that allows no
+    // disruption; each drain is blocked until its budget is lifted after 3 s,
+    // like a workload that takes its time to be ready elsewhere.
+    let busy: Vec<(usize, String)> = env
+        .create_kwok_nodes(21, &[("role", "busy")])
+        .await
+        .into_iter()
+        .enumerate()
+        .collect();
+    for (i, n) in &busy {
+        for k in 0..3 {
+            let p: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("busy-{i}-{k}"), "labels": {"app": format!("busy-{i}")}},
+                "spec": {"nodeName": n, "containers": [{"name": "c", "image": "registry.invalid/app:1"}]},
+            }))
+            .expect("a pod");
+            Api::<Pod>::namespaced(env.client.clone(), &env.namespace)
+                .create(&PostParams::default(), &p)
+                .await
+                .expect("creating a pod");
+        }
+        pdb(&env, &format!("hold-{i}"), &format!("busy-{i}"), 3).await;
+    }
+    for (_, n) in &busy {
+        wait_ready_pods(&env, n, 3).await;
+    }
+    let hold = Duration::from_secs(3);
+    let one = maintain_all(&env, &busy[..1], hold).await;
+    let twenty = maintain_all(&env, &busy[1..], hold).await;
+    println!(
+        "NodeMaintenance: 1 node drained in {one:?}; 20 nodes at once in {twenty:?} (each blocked {hold:?})"
+    );
+    // One after the other (as NMO does) would take about 20 times as long.
+    assert!(twenty < one * 3, "20 drains took {twenty:?}, one took {one:?}");
+    op.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_answer() {
+    let env = TestEnv::new("nm-bad").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    let api: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+
+    // Rejected at admission by the CRD's CEL rules.
+    let empty = maintenance(&env, "empty", "", json!({}));
+    let err = api
+        .create(&PostParams::default(), &empty)
+        .await
+        .expect_err("empty nodeName is refused");
+    assert!(err.to_string().contains("nodeName must not be empty"), "{err}");
+    let bad_timeout = maintenance(&env, "badtimeout", "x", json!({"drainTimeout": "soon"}));
+    let err = api
+        .create(&PostParams::default(), &bad_timeout)
+        .await
+        .expect_err("a bad duration is refused");
+    assert!(err.to_string().contains("drainTimeout"), "{err}");
+
+    // A node that does not exist: Failed, saying so.
+    let missing = maintenance(&env, "missing", &env.name("no-such-node"), json!({}));
+    create_nm(&env, &missing).await;
+    let failed = wait_phase(&env.client, &missing.name_any(), MaintenancePhase::Failed).await;
+    let err = failed.status.and_then(|s| s.last_error).expect("lastError");
+    assert!(
+        err.contains("spec.nodeName") && err.contains("not found"),
+        "{err}"
+    );
+
+    // nodeName cannot change.
+    let moved = json!({"spec": {"nodeName": "elsewhere"}});
+    let err = api
+        .patch(
+            &missing.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&moved),
+        )
+        .await
+        .expect_err("nodeName is immutable");
+    assert!(err.to_string().contains("nodeName is immutable"), "{err}");
+
+    // A second NodeMaintenance for a node: Failed, naming the first.
+    let target = env.create_kwok_nodes(1, &[]).await.remove(0);
+    let first = maintenance(&env, "first", &target, json!({}));
+    create_nm(&env, &first).await;
+    wait_phase(&env.client, &first.name_any(), MaintenancePhase::Succeeded).await;
+    let second = maintenance(&env, "second", &target, json!({}));
+    create_nm(&env, &second).await;
+    let failed = wait_phase(&env.client, &second.name_any(), MaintenancePhase::Failed).await;
+    let err = failed.status.and_then(|s| s.last_error).expect("lastError");
+    assert!(err.contains(&first.name_any()), "{err}");
+    // Deleting the failed second one leaves the first one's maintenance alone.
+    api.delete(&second.name_any(), &DeleteParams::default())
+        .await
+        .expect("deleting");
+    wait_gone(&env.client, &second.name_any()).await;
+    assert!(
+        cordoned(&node(&env, &target).await),
+        "the first maintenance still holds the node"
+    );
+    op.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_example_applies_unchanged_and_works() {
+    let env = TestEnv::new("nm-seed").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    // The seed names node02: create it (for this test only).
+    env.create_kwok_node("node02", &[]).await;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/manifests/samples/nodemaintenance-kubevirt.yaml"
+    ))
+    .expect("the sample");
+    let seed: kubevirt::NodeMaintenance = serde_norway::from_str(&text).expect("the seed parses");
+    let api: Api<kubevirt::NodeMaintenance> = Api::all(env.client.clone());
+    let _ = api.delete("nodemaintenance-xyz", &DeleteParams::default()).await;
+    api.create(&PostParams::default(), &seed)
+        .await
+        .expect("the seed example applies unchanged");
+    // The label only scopes this test's operator to it (tests share one cluster).
+    let label = json!({"metadata": {"labels": {RUN_LABEL: env.id}}});
+    api.patch(
+        "nodemaintenance-xyz",
+        &PatchParams::default(),
+        &Patch::Merge(&label),
+    )
+    .await
+    .expect("labelling");
+    let done = wait_for("the seed NodeMaintenance to succeed", TIMEOUT, || async {
+        match api.get("nodemaintenance-xyz").await {
+            Ok(nm) if nm.status.as_ref().and_then(|s| s.phase) == Some(MaintenancePhase::Succeeded) => {
+                Probe::Done(nm)
+            }
+            Ok(nm) => Probe::NotYet(format!("{:?}", nm.status)),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    assert_eq!(done.spec.reason.as_deref(), Some("Test node maintenance"));
+    assert!(cordoned(&node(&env, "node02").await));
+    api.delete("nodemaintenance-xyz", &DeleteParams::default())
+        .await
+        .expect("deleting");
+    wait_for("the seed NodeMaintenance to be gone", TIMEOUT, || async {
+        match api.get_opt("nodemaintenance-xyz").await {
+            Ok(None) => Probe::Done(()),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(!cordoned(&node(&env, "node02").await));
+    op.stop().await;
+    env.cleanup().await;
+}
