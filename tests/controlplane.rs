@@ -182,7 +182,8 @@ async fn watch_from_a_compacted_resource_version_gets_410() {
 
 /// The first event of a watch started at `rv` (or the error that refused it).
 async fn first_watch_event(cms: &Api<ConfigMap>, rv: &str) -> Result<WatchEvent<ConfigMap>, kube::Error> {
-    let params = WatchParams::default().timeout(10);
+    // Only our ConfigMap: the namespace also gets kube-root-ca.crt from the controller-manager.
+    let params = WatchParams::default().fields("metadata.name=c").timeout(10);
     let mut stream = cms.watch(&params, rv).await?.boxed();
     match tokio::time::timeout(Duration::from_secs(15), stream.next()).await {
         Ok(Some(event)) => event,
