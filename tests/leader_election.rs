@@ -336,16 +336,9 @@ async fn churn(
     stops
 }
 
-/// Two candidates; the leader's task is aborted (no release). The standby must
-/// take over within lease_duration + 2.2 × retry_period, and not before the
-/// crashed leader's handle turned false.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn crashed_leader_is_replaced_within_lease_duration() {
-    init_logging();
-    let env = TestEnv::new("leader-crash").await;
-    let t = Timings::secs(3.0, 2.0, 0.5);
+/// Candidate "a" leads, then "b" joins as standby; both watched by `recorder`.
+async fn leader_and_standby(env: &TestEnv, t: Timings, recorder: &Recorder) -> (Candidate, Candidate) {
     let cp = support::control_plane();
-    let recorder = Recorder::start();
     let a = start(cp.client().await, config(&env.namespace, "a", t));
     recorder.watch(&a.handle);
     wait_until_leading(&a.handle, Duration::from_secs(10)).await;
@@ -356,6 +349,19 @@ async fn crashed_leader_is_replaced_within_lease_duration() {
         a.handle.is_leader() && !b.handle.is_leader(),
         "a should still lead"
     );
+    (a, b)
+}
+
+/// Two candidates; the leader's task is aborted (no release). The standby must
+/// take over within lease_duration + 2.2 × retry_period, and not before the
+/// crashed leader's handle turned false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_leader_is_replaced_within_lease_duration() {
+    init_logging();
+    let env = TestEnv::new("leader-crash").await;
+    let t = Timings::secs(3.0, 2.0, 0.5);
+    let recorder = Recorder::start();
+    let (a, b) = leader_and_standby(&env, t, &recorder).await;
 
     let crashed = Instant::now();
     a.task.abort();
@@ -387,18 +393,8 @@ async fn released_lease_is_taken_over_within_a_retry_period() {
     init_logging();
     let env = TestEnv::new("leader-release").await;
     let t = Timings::secs(3.0, 2.0, 0.5);
-    let cp = support::control_plane();
     let recorder = Recorder::start();
-    let a = start(cp.client().await, config(&env.namespace, "a", t));
-    recorder.watch(&a.handle);
-    wait_until_leading(&a.handle, Duration::from_secs(10)).await;
-    let b = start(cp.client().await, config(&env.namespace, "b", t));
-    recorder.watch(&b.handle);
-    settle(t).await;
-    assert!(
-        a.handle.is_leader() && !b.handle.is_leader(),
-        "a should still lead"
-    );
+    let (a, b) = leader_and_standby(&env, t, &recorder).await;
 
     let released = Instant::now();
     a.shutdown.cancel();

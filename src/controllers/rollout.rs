@@ -107,9 +107,16 @@ pub struct Counts {
 pub fn counts(f: &Facts) -> Counts {
     let by_name: BTreeMap<&str, &NodeFacts> = f.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     let heir_ready = |n: &NodeFacts| {
-        n.donor_to.as_deref().and_then(|h| by_name.get(h)).is_some_and(|h| h.ready)
+        n.donor_to
+            .as_deref()
+            .and_then(|h| by_name.get(h))
+            .is_some_and(|h| h.ready)
     };
-    let mints = f.nodes.iter().filter(|n| n.up_to_date && n.joining && n.heir_of.is_none()).count();
+    let mints = f
+        .nodes
+        .iter()
+        .filter(|n| n.up_to_date && n.joining && n.heir_of.is_none())
+        .count();
     let heirs_with_donor = f
         .nodes
         .iter()
@@ -143,8 +150,12 @@ pub fn plan(f: &Facts) -> Vec<Step> {
             continue;
         }
         match donor.drain {
-            DrainState::None => steps.push(Step::Drain { node: donor.name.clone() }),
-            DrainState::Succeeded => steps.push(Step::Retire { node: donor.name.clone() }),
+            DrainState::None => steps.push(Step::Drain {
+                node: donor.name.clone(),
+            }),
+            DrainState::Succeeded => steps.push(Step::Retire {
+                node: donor.name.clone(),
+            }),
             DrainState::Running | DrainState::Failed => {}
         }
     }
@@ -152,7 +163,11 @@ pub fn plan(f: &Facts) -> Vec<Step> {
     // Pair each Ready mint with the first outdated node of its group that has no heir.
     let mut taken: BTreeSet<&str> = BTreeSet::new();
     let mut paired_mints = 0usize;
-    for mint in f.nodes.iter().filter(|n| n.up_to_date && n.ready && n.joining && n.heir_of.is_none()) {
+    for mint in f
+        .nodes
+        .iter()
+        .filter(|n| n.up_to_date && n.ready && n.joining && n.heir_of.is_none())
+    {
         let partner = f.nodes.iter().find(|n| {
             !n.up_to_date
                 && n.group == mint.group
@@ -163,31 +178,35 @@ pub fn plan(f: &Facts) -> Vec<Step> {
         if let Some(donor) = partner {
             taken.insert(donor.name.as_str());
             paired_mints += 1;
-            steps.push(Step::Pair { donor: donor.name.clone(), heir: mint.name.clone() });
+            steps.push(Step::Pair {
+                donor: donor.name.clone(),
+                heir: mint.name.clone(),
+            });
         }
     }
 
     // Early drains within maxUnavailable: outdated nodes without an heir yet.
-    let mut unavailable = c.unavailable;
     let cp_outdated = f
         .nodes
         .iter()
         .any(|n| !n.up_to_date && role_of.get(n.group.as_str()) == Some(&Role::ControlPlane));
-    let blocked_role = |group: &str| {
-        f.control_plane_first && cp_outdated && role_of.get(group) == Some(&Role::Worker)
-    };
-    for node in f.nodes.iter().filter(|n| {
-        !n.up_to_date
-            && n.donor_to.is_none()
-            && n.drain == DrainState::None
-            && !taken.contains(n.name.as_str())
-            && !blocked_role(&n.group)
-    }) {
-        if unavailable >= f.max_unavailable {
-            break;
-        }
-        unavailable += 1;
-        steps.push(Step::Drain { node: node.name.clone() });
+    let blocked_role =
+        |group: &str| f.control_plane_first && cp_outdated && role_of.get(group) == Some(&Role::Worker);
+    let early = f
+        .nodes
+        .iter()
+        .filter(|n| {
+            !n.up_to_date
+                && n.donor_to.is_none()
+                && n.drain == DrainState::None
+                && !taken.contains(n.name.as_str())
+                && !blocked_role(&n.group)
+        })
+        .take(f.max_unavailable.saturating_sub(c.unavailable));
+    for node in early {
+        steps.push(Step::Drain {
+            node: node.name.clone(),
+        });
     }
 
     // New instances: per group, outdated nodes still needing an heir, minus
@@ -209,14 +228,23 @@ pub fn plan(f: &Facts) -> Vec<Step> {
         let needing = f
             .nodes
             .iter()
-            .filter(|n| n.group == g.id && !n.up_to_date && n.donor_to.is_none() && !taken.contains(n.name.as_str()))
+            .filter(|n| {
+                n.group == g.id && !n.up_to_date && n.donor_to.is_none() && !taken.contains(n.name.as_str())
+            })
             .count();
         let on_the_way = f.joins.iter().filter(|j| j.group == g.id).count()
-            + f.nodes.iter().filter(|n| n.group == g.id && n.up_to_date && n.joining && n.heir_of.is_none()).count()
+            + f.nodes
+                .iter()
+                .filter(|n| n.group == g.id && n.up_to_date && n.joining && n.heir_of.is_none())
+                .count()
             - f.nodes
                 .iter()
                 .filter(|n| n.group == g.id && n.up_to_date && n.ready && n.joining && n.heir_of.is_none())
-                .filter(|n| steps.iter().any(|s| matches!(s, Step::Pair { heir, .. } if heir == &n.name)))
+                .filter(|n| {
+                    steps
+                        .iter()
+                        .any(|s| matches!(s, Step::Pair { heir, .. } if heir == &n.name))
+                })
                 .count();
         let want = needing.saturating_sub(on_the_way);
         let from_early = want.min(early_left);
@@ -225,7 +253,10 @@ pub fn plan(f: &Facts) -> Vec<Step> {
         surge_left -= from_surge;
         let count = from_early + from_surge;
         if count > 0 {
-            steps.push(Step::Create { group: g.id.clone(), count });
+            steps.push(Step::Create {
+                group: g.id.clone(),
+                count,
+            });
         }
     }
     steps
@@ -236,31 +267,64 @@ mod tests {
     use super::*;
 
     fn group(id: &str, role: Role) -> GroupFacts {
-        GroupFacts { id: id.into(), role, image_ready: true }
+        GroupFacts {
+            id: id.into(),
+            role,
+            image_ready: true,
+        }
     }
 
     fn old(name: &str, group: &str) -> NodeFacts {
-        NodeFacts { name: name.into(), group: group.into(), ready: true, ..Default::default() }
+        NodeFacts {
+            name: name.into(),
+            group: group.into(),
+            ready: true,
+            ..Default::default()
+        }
     }
 
     fn new(name: &str, group: &str) -> NodeFacts {
-        NodeFacts { up_to_date: true, ..old(name, group) }
+        NodeFacts {
+            up_to_date: true,
+            ..old(name, group)
+        }
     }
 
     fn mint(name: &str, group: &str) -> NodeFacts {
-        NodeFacts { joining: true, ..new(name, group) }
+        NodeFacts {
+            joining: true,
+            ..new(name, group)
+        }
     }
 
     fn join(p: &str, group: &str) -> JoinFacts {
-        JoinFacts { pending: p.into(), group: group.into() }
+        JoinFacts {
+            pending: p.into(),
+            group: group.into(),
+        }
     }
 
-    fn facts<'a>(groups: &'a [GroupFacts], nodes: &'a [NodeFacts], joins: &'a [JoinFacts], surge: usize) -> Facts<'a> {
-        Facts { groups, nodes, joins, max_surge: surge, max_unavailable: 0, control_plane_first: true }
+    fn facts<'a>(
+        groups: &'a [GroupFacts],
+        nodes: &'a [NodeFacts],
+        joins: &'a [JoinFacts],
+        surge: usize,
+    ) -> Facts<'a> {
+        Facts {
+            groups,
+            nodes,
+            joins,
+            max_surge: surge,
+            max_unavailable: 0,
+            control_plane_first: true,
+        }
     }
 
     fn create(group: &str, count: usize) -> Step {
-        Step::Create { group: group.into(), count }
+        Step::Create {
+            group: group.into(),
+            count,
+        }
     }
 
     #[test]
@@ -269,7 +333,11 @@ mod tests {
         let nodes: Vec<NodeFacts> = (0..5).map(|i| old(&format!("n{i}"), "w")).collect();
         assert_eq!(plan(&facts(&groups, &nodes, &[], 1)), [create("w", 1)]);
         assert_eq!(plan(&facts(&groups, &nodes, &[], 3)), [create("w", 3)]);
-        assert_eq!(plan(&facts(&groups, &nodes, &[], 10)), [create("w", 5)], "never more than needed");
+        assert_eq!(
+            plan(&facts(&groups, &nodes, &[], 10)),
+            [create("w", 5)],
+            "never more than needed"
+        );
         // Joins in flight use the budget.
         let joins = [join("p1", "w")];
         assert_eq!(plan(&facts(&groups, &nodes, &joins, 1)), []);
@@ -290,17 +358,39 @@ mod tests {
         let groups = [group("w", Role::Worker), group("v", Role::Worker)];
         let nodes = [old("a", "v"), old("b", "w"), mint("m", "w")];
         let steps = plan(&facts(&groups, &nodes, &[], 1));
-        assert_eq!(steps, [Step::Pair { donor: "b".into(), heir: "m".into() }]);
+        assert_eq!(
+            steps,
+            [Step::Pair {
+                donor: "b".into(),
+                heir: "m".into()
+            }]
+        );
         // With a bigger budget, group v gets an instance too, w does not.
         let steps = plan(&facts(&groups, &nodes, &[], 2));
-        assert_eq!(steps, [Step::Pair { donor: "b".into(), heir: "m".into() }, create("v", 1)]);
+        assert_eq!(
+            steps,
+            [
+                Step::Pair {
+                    donor: "b".into(),
+                    heir: "m".into()
+                },
+                create("v", 1)
+            ]
+        );
     }
 
     #[test]
     fn drain_only_after_the_heir_is_ready_and_retire_only_after_the_drain() {
         let groups = [group("w", Role::Worker)];
-        let mut donor = NodeFacts { donor_to: Some("h".into()), ..old("d", "w") };
-        let mut heir = NodeFacts { heir_of: Some("d".into()), ready: false, ..new("h", "w") };
+        let mut donor = NodeFacts {
+            donor_to: Some("h".into()),
+            ..old("d", "w")
+        };
+        let mut heir = NodeFacts {
+            heir_of: Some("d".into()),
+            ready: false,
+            ..new("h", "w")
+        };
         let plan_now = |d: &NodeFacts, h: &NodeFacts| plan(&facts(&groups, &[d.clone(), h.clone()], &[], 1));
         assert_eq!(plan_now(&donor, &heir), [], "heir not Ready: nothing");
         heir.ready = true;
@@ -308,7 +398,11 @@ mod tests {
         donor.drain = DrainState::Running;
         assert_eq!(plan_now(&donor, &heir), []);
         donor.drain = DrainState::Failed;
-        assert_eq!(plan_now(&donor, &heir), [], "a failed drain never leads to deletion");
+        assert_eq!(
+            plan_now(&donor, &heir),
+            [],
+            "a failed drain never leads to deletion"
+        );
         donor.drain = DrainState::Succeeded;
         assert_eq!(plan_now(&donor, &heir), [Step::Retire { node: "d".into() }]);
     }
@@ -328,7 +422,10 @@ mod tests {
 
     #[test]
     fn no_instance_while_the_group_image_is_not_set() {
-        let groups = [GroupFacts { image_ready: false, ..group("w", Role::Worker) }];
+        let groups = [GroupFacts {
+            image_ready: false,
+            ..group("w", Role::Worker)
+        }];
         let nodes = [old("a", "w")];
         assert_eq!(plan(&facts(&groups, &nodes, &[], 1)), []);
     }
@@ -337,8 +434,15 @@ mod tests {
     fn heirs_with_donors_count_against_surge() {
         let groups = [group("w", Role::Worker)];
         let nodes = [
-            NodeFacts { donor_to: Some("h".into()), drain: DrainState::Running, ..old("d", "w") },
-            NodeFacts { heir_of: Some("d".into()), ..new("h", "w") },
+            NodeFacts {
+                donor_to: Some("h".into()),
+                drain: DrainState::Running,
+                ..old("d", "w")
+            },
+            NodeFacts {
+                heir_of: Some("d".into()),
+                ..new("h", "w")
+            },
             old("x", "w"),
         ];
         assert_eq!(plan(&facts(&groups, &nodes, &[], 1)), []);
@@ -351,15 +455,28 @@ mod tests {
         let nodes = [old("a", "w"), old("b", "w"), old("c", "w")];
         let mut f = facts(&groups, &nodes, &[], 0);
         f.max_unavailable = 2;
-        assert_eq!(plan(&f), [Step::Drain { node: "a".into() }, Step::Drain { node: "b".into() }]);
+        assert_eq!(
+            plan(&f),
+            [Step::Drain { node: "a".into() }, Step::Drain { node: "b".into() }]
+        );
         let drained = [
-            NodeFacts { drain: DrainState::Running, ..old("a", "w") },
-            NodeFacts { drain: DrainState::Running, ..old("b", "w") },
+            NodeFacts {
+                drain: DrainState::Running,
+                ..old("a", "w")
+            },
+            NodeFacts {
+                drain: DrainState::Running,
+                ..old("b", "w")
+            },
             old("c", "w"),
         ];
         let mut f = facts(&groups, &drained, &[], 0);
         f.max_unavailable = 2;
-        assert_eq!(plan(&f), [create("w", 2)], "replacements for the nodes drained ahead");
+        assert_eq!(
+            plan(&f),
+            [create("w", 2)],
+            "replacements for the nodes drained ahead"
+        );
         let c = counts(&f);
         assert_eq!(c.unavailable, 2);
     }
