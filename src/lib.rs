@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod client;
+pub mod cloud;
 pub mod controllers;
 pub mod drain;
 pub mod error;

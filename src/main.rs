@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use nodewarden::cloud::simcloud::SimCloudArgs;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::operator::{self, OperatorConfig};
 use nodewarden::runtime::leader::LeaderElectionConfig;
@@ -30,6 +31,8 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinition YAML of every resource nodewarden defines.
     Crds,
+    /// Run a simulated cloud (scaling groups whose instances join as kwok Nodes) for tests.
+    SimCloud(SimCloudArgs),
 }
 
 #[derive(Args)]
@@ -83,6 +86,9 @@ fn main() -> anyhow::Result<()> {
             .context("starting the async runtime")?
             .block_on(run(*args)),
         Command::Crds => print_crds(),
+        Command::SimCloud(args) => tokio::runtime::Runtime::new()
+            .context("starting the async runtime")?
+            .block_on(sim_cloud(args)),
     }
 }
 
@@ -123,6 +129,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         signals.cancel();
     });
     operator::run(client, config, shutdown).await?;
+    Ok(())
+}
+
+/// `nodewarden sim-cloud`: serves until SIGTERM or Ctrl-C (its state is
+/// saved on every change, so stopping needs no care).
+async fn sim_cloud(args: SimCloudArgs) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        signals.cancel();
+    });
+    nodewarden::cloud::simcloud::run(args, shutdown).await?;
     Ok(())
 }
 

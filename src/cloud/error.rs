@@ -1,0 +1,145 @@
+//! Errors of cloud provider calls. Every provider maps its API's failures onto
+//! these variants, so callers decide "retry or not" and "gone or not yet"
+//! without knowing which cloud they talk to.
+
+use std::time::Duration;
+
+use crate::error::{Categorized, Category};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CloudError {
+    /// The cloud has no record of the thing asked about. Deliberately not a
+    /// state: see [`super::CloudProvider::node_state`].
+    #[error("{what} not found in the cloud")]
+    NotFound { what: String },
+    /// The cloud asked us to slow down (HTTP 429, quota per second, ...).
+    #[error("the cloud throttled the request (retry after {retry_after:?})")]
+    Throttled { retry_after: Option<Duration> },
+    /// The cloud failed on its side (HTTP 5xx).
+    #[error("the cloud failed the request with status {status}: {message}")]
+    Server { status: u16, message: String },
+    /// The request did not reach the cloud or its answer did not come back
+    /// (connection refused or reset). Whether it took effect is unknown.
+    #[error("cannot reach the cloud: {0}")]
+    Transport(String),
+    /// No answer within the provider's timeout. Whether it took effect is unknown.
+    #[error("no answer from the cloud within {after:?}")]
+    Timeout { after: Duration },
+    /// The cloud refused the request as it is (HTTP 4xx other than 404 and
+    /// 429): asking again unchanged will not help.
+    #[error("the cloud rejected the request with status {status}: {message}")]
+    Rejected { status: u16, message: String },
+    /// The provider ID is not one of this provider's.
+    #[error("provider ID {provider_id:?} is not valid here: {reason}")]
+    InvalidProviderId { provider_id: String, reason: String },
+    /// The cloud's answer could not be understood.
+    #[error("unexpected answer from the cloud: {0}")]
+    InvalidResponse(String),
+    /// The provider is set up wrongly (endpoint, credentials, region).
+    #[error("the cloud provider is misconfigured: {0}")]
+    Config(String),
+    /// The provider cannot do this at all (e.g. a bare-metal pool has no image to set).
+    #[error("the {provider} provider cannot {operation}")]
+    Unsupported {
+        provider: String,
+        operation: &'static str,
+    },
+}
+
+impl CloudError {
+    /// Whether trying the same call again later can succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            CloudError::Throttled { .. }
+            | CloudError::Server { .. }
+            | CloudError::Transport(_)
+            | CloudError::Timeout { .. } => true,
+            CloudError::NotFound { .. }
+            | CloudError::Rejected { .. }
+            | CloudError::InvalidProviderId { .. }
+            | CloudError::InvalidResponse(_)
+            | CloudError::Config(_)
+            | CloudError::Unsupported { .. } => false,
+        }
+    }
+
+    /// How long the cloud asked us to wait, when it said so.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            CloudError::Throttled { retry_after } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// True when the cloud has no record of what was asked about.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, CloudError::NotFound { .. })
+    }
+
+    /// Every cloud failure is one category for Events and the error metric;
+    /// the variant is in the message.
+    pub fn category(&self) -> Category {
+        Category::Cloud
+    }
+}
+
+impl Categorized for CloudError {
+    fn category(&self) -> Category {
+        CloudError::category(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_failures_are_retryable_and_refusals_are_not() {
+        let retryable = [
+            CloudError::Throttled { retry_after: None },
+            CloudError::Server {
+                status: 503,
+                message: String::new(),
+            },
+            CloudError::Transport("reset".into()),
+            CloudError::Timeout {
+                after: Duration::from_secs(1),
+            },
+        ];
+        let final_ = [
+            CloudError::NotFound { what: "x".into() },
+            CloudError::Rejected {
+                status: 400,
+                message: String::new(),
+            },
+            CloudError::InvalidResponse("x".into()),
+            CloudError::Config("x".into()),
+            CloudError::InvalidProviderId {
+                provider_id: "x".into(),
+                reason: "y".into(),
+            },
+            CloudError::Unsupported {
+                provider: "metal".into(),
+                operation: "set a group image",
+            },
+        ];
+        assert!(retryable.iter().all(CloudError::retryable));
+        assert!(!final_.iter().any(CloudError::retryable));
+        assert!(
+            retryable
+                .iter()
+                .chain(&final_)
+                .all(|e| Categorized::category(e) == Category::Cloud)
+        );
+    }
+
+    #[test]
+    fn only_throttling_carries_a_retry_after() {
+        let throttled = CloudError::Throttled {
+            retry_after: Some(Duration::from_secs(2)),
+        };
+        assert_eq!(throttled.retry_after(), Some(Duration::from_secs(2)));
+        assert_eq!(CloudError::Transport("x".into()).retry_after(), None);
+        assert!(CloudError::NotFound { what: "x".into() }.is_not_found());
+    }
+}

@@ -1,0 +1,170 @@
+//! The cloud behind the nodes: the provider trait the rollout controller uses
+//! to create, delete and inspect instances of scaling groups, and its
+//! implementations.
+//!
+//! The trait is the one seam between nodewarden and an infrastructure API.
+//! It follows what Constellation's node operator needs from GCP managed
+//! instance groups, Azure scale sets and AWS auto scaling groups (see
+//! `reference/constellation-node-operator.md`), so those providers — and a
+//! bare-metal host provider, whose "groups" are host pools — can implement it
+//! without changing it. Extension points are request structs and
+//! [`CloudError::Unsupported`], never new trait parameters.
+//!
+//! - [`sim`]: the `sim` provider, an HTTP client of `nodewarden sim-cloud`.
+//! - [`simcloud`]: the simulated cloud process itself (a test double of a
+//!   cloud, not of Kubernetes).
+
+pub mod error;
+pub mod sim;
+pub mod simcloud;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+pub use error::CloudError;
+
+/// What every provider call returns: a boxed future, so the trait stays
+/// object-safe and is used as `Arc<dyn CloudProvider>`.
+pub type CloudFuture<'a, T> = BoxFuture<'a, Result<T, CloudError>>;
+
+/// An infrastructure API that runs nodes in scaling groups.
+///
+/// Nodes are named by their provider ID (the Node's `spec.providerID`, e.g.
+/// `gce://project/zone/instance`, `aws:///zone/i-0abc`, `sim://group/instance`).
+/// A provider is built for one cluster: listing groups returns that cluster's
+/// groups only (Constellation lists them by cluster UID).
+///
+/// Calls do not retry inside: a failure comes back at once, and
+/// [`CloudError::retryable`] tells the caller whether its own backoff should
+/// try again. This keeps every retry visible in the work queue's metrics.
+pub trait CloudProvider: Send + Sync {
+    /// A short stable name for logs and metrics: `sim`, `gcp`, `aws`, ...
+    fn name(&self) -> &str;
+
+    /// Starts one new instance in a group. Returns as soon as the cloud
+    /// accepted it: the instance is usually still `Creating`, and its Node
+    /// joins later. Providers that can, honour `request.request_id` as an
+    /// idempotency key (a repeated request returns the same instance), so a
+    /// create whose answer was lost does not leak a second instance.
+    fn create_node<'a>(&'a self, request: &'a CreateNodeRequest) -> CloudFuture<'a, CreatedNode>;
+
+    /// Asks the cloud to delete an instance. Deleting an instance that is
+    /// already terminating or terminated succeeds; one the cloud has no
+    /// record of is [`CloudError::NotFound`].
+    fn delete_node<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, ()>;
+
+    /// The instance's state in the cloud.
+    ///
+    /// `Terminated` is returned only when the provider knows the instance
+    /// existed and is gone. An instance the cloud has no record of is
+    /// [`CloudError::NotFound`]: it may be gone long ago, or not visible yet
+    /// (clouds are eventually consistent after a create). Constellation
+    /// counted "not found" as Terminated and so reported nodes that did not
+    /// exist yet as terminated; here the caller decides with what it knows
+    /// (a Leave may count it as done, a Join must keep waiting).
+    fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState>;
+
+    /// The OS image the instance runs.
+    fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String>;
+
+    /// The ID of the scaling group the instance belongs to.
+    fn node_group<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String>;
+
+    /// The image new instances of the group boot from (its instance template,
+    /// launch template or scale set model).
+    fn group_image<'a>(&'a self, group_id: &'a str) -> CloudFuture<'a, String>;
+
+    /// Changes the image new instances of the group boot from. Existing
+    /// instances keep theirs: replacing them is the rollout's job.
+    fn set_group_image<'a>(&'a self, group_id: &'a str, image: &'a str) -> CloudFuture<'a, ()>;
+
+    /// Every scaling group of this cluster.
+    fn list_groups(&self) -> CloudFuture<'_, Vec<ScalingGroup>>;
+}
+
+/// A request for one new instance. A struct rather than parameters, so
+/// providers can gain options (zone, machine type) without a new signature.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateNodeRequest {
+    /// The scaling group to grow.
+    pub group_id: String,
+    /// An idempotency key chosen by the caller (for example the name of the
+    /// PendingNode that tracks the join). `None`: every call creates anew.
+    pub request_id: Option<String>,
+}
+
+impl CreateNodeRequest {
+    pub fn new(group_id: impl Into<String>) -> Self {
+        CreateNodeRequest {
+            group_id: group_id.into(),
+            request_id: None,
+        }
+    }
+
+    /// Makes the request idempotent under `request_id`.
+    pub fn with_request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+}
+
+/// A freshly created instance: what the caller needs to track its join.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedNode {
+    /// The name its Node will have once it joins.
+    pub node_name: String,
+    /// The `spec.providerID` its Node will carry.
+    pub provider_id: String,
+}
+
+/// An instance's state in the cloud. The names are those of Constellation's
+/// PendingNode `status.cspState`, so they can be written there unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum InstanceState {
+    /// The cloud reported a state nodewarden does not know.
+    Unknown,
+    /// Being provisioned or booting.
+    Creating,
+    /// Running. Whether its Node has joined is a separate question.
+    Ready,
+    /// Exists but is stopped (deallocated): neither running nor gone.
+    Stopped,
+    /// Being deleted.
+    Terminating,
+    /// Known to the cloud and gone.
+    Terminated,
+    /// Provisioning or booting failed; it will not become Ready by itself.
+    Failed,
+}
+
+impl InstanceState {
+    /// True for the states an instance never leaves (until deleted).
+    pub fn is_final(self) -> bool {
+        matches!(self, InstanceState::Terminated | InstanceState::Failed)
+    }
+}
+
+/// Whether a group's nodes run the control plane or workloads. Matches the
+/// `role` of Constellation's ScalingGroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GroupRole {
+    Worker,
+    ControlPlane,
+}
+
+/// One scaling group (managed instance group, scale set, auto scaling group,
+/// bare-metal host pool).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingGroup {
+    /// The provider's full ID of the group (used in every call).
+    pub id: String,
+    pub role: GroupRole,
+    /// A short human name (Constellation's `nodeGroupName`).
+    pub name: String,
+    /// Instances that are not being deleted.
+    pub size: u32,
+    /// The image new instances boot from.
+    pub image: String,
+}
