@@ -2,6 +2,7 @@
 
 pub mod conditions;
 pub mod node_maintenance;
+pub mod update;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -12,5 +13,10 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
     vec![
         node_maintenance::medik8s::NodeMaintenance::crd(),
         node_maintenance::kubevirt::NodeMaintenance::crd(),
+        update::NodeVersion::crd(),
+        update::ScalingGroup::crd(),
+        update::PendingNode::crd(),
+        update::AutoscalingStrategy::crd(),
+        update::JoiningNode::crd(),
     ]
 }
