@@ -1,0 +1,68 @@
+//! `update.edgeless.systems/v1alpha1`: Constellation's node operator API,
+//! accepted unchanged (same kinds, same JSON names, all cluster-scoped with a
+//! status subresource), so its manifests and tooling keep working.
+//!
+//! Beyond Constellation: NodeVersion's `spec.rollout` (surge and
+//! unavailability as counts or percentages, control plane first, join and
+//! drain timeouts); node counts, a `progress` figure and `Progressing` /
+//! `Degraded` conditions in its status; printer columns on every kind; CEL
+//! rules that refuse bad input with a message naming the field.
+
+pub mod autoscaling_strategy;
+pub mod joining_node;
+pub mod node_version;
+pub mod pending_node;
+pub mod rollout;
+pub mod scaling_group;
+
+pub use autoscaling_strategy::{AutoscalingStrategy, AutoscalingStrategySpec, AutoscalingStrategyStatus};
+pub use joining_node::{JoiningNode, JoiningNodeSpec, JoiningNodeStatus};
+pub use node_version::{NodeCounts, NodeVersion, NodeVersionSpec, NodeVersionStatus};
+pub use pending_node::{CspNodeState, PendingNode, PendingNodeGoal, PendingNodeSpec, PendingNodeStatus};
+pub use rollout::{Rollout, RolloutLimits};
+pub use scaling_group::{NodeRole, ScalingGroup, ScalingGroupSpec, ScalingGroupStatus};
+
+/// The API group.
+pub const GROUP: &str = "update.edgeless.systems";
+
+/// The name Constellation gives its single NodeVersion (older releases:
+/// `constellation-os`). Any name works; ScalingGroups say which they follow.
+pub const DEFAULT_NODE_VERSION: &str = "constellation-version";
+
+/// Condition types. `Outdated` is Constellation's, on NodeVersion and
+/// ScalingGroup; the others are nodewarden's, on NodeVersion.
+pub mod condition {
+    /// True while any node (or, on a ScalingGroup, the group's image) is not
+    /// the desired one.
+    pub const OUTDATED: &str = "Outdated";
+    /// True while replacements are in flight or about to start.
+    pub const PROGRESSING: &str = "Progressing";
+    /// True when the rollout is stuck on something a human should look at.
+    pub const DEGRADED: &str = "Degraded";
+}
+
+/// Condition reasons (CamelCase, stable: tooling may match on them).
+pub mod reason {
+    /// Outdated=False (Constellation's).
+    pub const NODE_VERSIONS_UP_TO_DATE: &str = "NodeVersionsUpToDate";
+    /// Outdated=True (Constellation's).
+    pub const NODE_VERSIONS_OUT_OF_DATE: &str = "NodeVersionsOutOfDate";
+    /// Progressing=True: replacement nodes are being created, joined or drained.
+    pub const REPLACING_NODES: &str = "ReplacingNodes";
+    /// Progressing=True: worker groups wait for the control plane to be up to date.
+    pub const WAITING_FOR_CONTROL_PLANE: &str = "WaitingForControlPlane";
+    /// Progressing=True: waiting for the cloud group to boot the new image.
+    pub const WAITING_FOR_SCALING_GROUP: &str = "WaitingForScalingGroup";
+    /// Progressing=False: every node is up to date.
+    pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
+    /// Degraded=False.
+    pub const AS_EXPECTED: &str = "AsExpected";
+    /// Degraded=True: a new node did not join within `joinTimeout`.
+    pub const JOIN_TIMEOUT: &str = "JoinTimeout";
+    /// Degraded=True: a drain did not finish within `drainTimeout`.
+    pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
+    /// Degraded=True: some nodes cannot be handled (see `status.invalid`).
+    pub const INVALID_NODES: &str = "InvalidNodes";
+    /// Degraded=True: the cloud provider keeps refusing or failing requests.
+    pub const CLOUD_ERROR: &str = "CloudError";
+}

@@ -1,0 +1,294 @@
+//! How fast a NodeVersion's rollout may go: surge, unavailability, ordering
+//! and timeouts. Constellation hard-codes a surge of 1 (one replacement at a
+//! time, so N outdated nodes take N cycles); nodewarden keeps that as the
+//! default and lets the operator ask for more, the way Deployments do.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::api::node_maintenance::parse_duration;
+
+/// Default `joinTimeout`: Constellation gives a new node 30 minutes to join.
+pub const DEFAULT_JOIN_TIMEOUT: &str = "30m";
+
+/// CEL: both limits 0 (as counts or as "0%"); an absent maxUnavailable is its default, 0.
+const BOTH_ZERO_RULE: &str = "!(has(self.maxSurge) \
+    && (type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge.matches('^0+%$')) \
+    && (!has(self.maxUnavailable) || (type(self.maxUnavailable) == int \
+        ? self.maxUnavailable == 0 : self.maxUnavailable.matches('^0+%$'))))";
+
+/// CEL: a count of 0 or more, or a percentage such as "25%".
+const COUNT_OR_PERCENT_RULE: &str = "type(self) == int ? self >= 0 : self.matches('^[0-9]+%$')";
+
+/// CEL: as COUNT_OR_PERCENT_RULE, with at most 100% (like a Deployment's maxUnavailable).
+const COUNT_OR_PERCENT_TO_100_RULE: &str =
+    "type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')";
+
+/// CEL: a Go duration, the same shape `parse_duration` reads.
+const DURATION_RULE: &str = "self.matches('^([0-9]+(\\\\.[0-9]+)?(ms|s|m|h))+$')";
+
+/// Settings of the rolling replacement. Every field has a default, so an
+/// absent `rollout` behaves exactly like Constellation.
+#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(BOTH_ZERO_RULE).message(
+    "spec.rollout.maxSurge and spec.rollout.maxUnavailable must not both be 0: the rollout could never progress"
+))]
+pub struct Rollout {
+    /// Extra nodes at once while replacing: a count or a percentage (rounded up). Default 1.
+    // 1 is Constellation's fixed surge; a percentage is of the nodes this NodeVersion governs.
+    #[serde(default = "default_max_surge")]
+    #[x_kube(validation = kube::core::Rule::new(COUNT_OR_PERCENT_RULE)
+        .message("spec.rollout.maxSurge must be a count (0 or more) or a percentage such as 25%"))]
+    // Not nullable: null is pruned and defaulted (kube marks optional int-or-strings nullable).
+    #[schemars(extend("nullable" = false))]
+    pub max_surge: IntOrString,
+    /// Nodes drained before their replacement is Ready: a count or a percentage (rounded down). Default 0.
+    #[serde(default = "default_max_unavailable")]
+    #[x_kube(validation = kube::core::Rule::new(COUNT_OR_PERCENT_TO_100_RULE)
+        .message("spec.rollout.maxUnavailable must be a count (0 or more) or a percentage from 0% to 100%"))]
+    // Not nullable: null is pruned and defaulted (kube marks optional int-or-strings nullable).
+    #[schemars(extend("nullable" = false))]
+    pub max_unavailable: IntOrString,
+    /// Replace control-plane nodes before workers (keep on when Kubernetes changes version). Default true.
+    // A kubelet must never be newer than its API server; false only lets
+    // image-only rollouts of both roles overlap.
+    #[serde(default = "default_true")]
+    pub control_plane_first: bool,
+    /// How long a new node may take to join and be Ready before it is deleted (e.g. "30m"). Default 30m.
+    #[serde(default = "default_join_timeout")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE)
+        .message("spec.rollout.joinTimeout must be a duration such as 90s, 30m or 1h30m"))]
+    pub join_timeout: String,
+    /// Give up draining an outdated node after this long (e.g. "1h"). Unset: wait as long as it takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE)
+        .message("spec.rollout.drainTimeout must be a duration such as 90s, 30m or 1h30m"))]
+    pub drain_timeout: Option<String>,
+}
+
+fn default_max_surge() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(0)
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_join_timeout() -> String {
+    DEFAULT_JOIN_TIMEOUT.to_string()
+}
+
+impl Default for Rollout {
+    fn default() -> Self {
+        Rollout {
+            max_surge: default_max_surge(),
+            max_unavailable: default_max_unavailable(),
+            control_plane_first: true,
+            join_timeout: default_join_timeout(),
+            drain_timeout: None,
+        }
+    }
+}
+
+/// A rollout's limits resolved against a node count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RolloutLimits {
+    /// Replacement nodes that may exist at once beyond the nodes they replace.
+    pub max_surge: usize,
+    /// Nodes that may be out of service at once.
+    pub max_unavailable: usize,
+}
+
+impl Rollout {
+    /// `maxSurge` for a rollout over `total` nodes; a percentage rounds up
+    /// (like a Deployment's), so any surge above 0% allows at least one node.
+    /// A malformed value (CEL refuses them; only objects older than the rule
+    /// can hold one) counts as the default, 1.
+    pub fn max_surge_for(&self, total: usize) -> usize {
+        scaled_int_or_percent(&self.max_surge, total, true).unwrap_or(1)
+    }
+
+    /// `maxUnavailable` for a rollout over `total` nodes; a percentage rounds
+    /// down (like a Deployment's). A malformed value counts as the default, 0.
+    pub fn max_unavailable_for(&self, total: usize) -> usize {
+        scaled_int_or_percent(&self.max_unavailable, total, false).unwrap_or(0)
+    }
+
+    /// Both limits for `total` nodes. When both resolve to 0 (percentages of a
+    /// small pool, e.g. 0% and 10% of 5) one node may be unavailable, as a
+    /// Deployment does, so the rollout still progresses.
+    pub fn limits_for(&self, total: usize) -> RolloutLimits {
+        let max_surge = self.max_surge_for(total);
+        let mut max_unavailable = self.max_unavailable_for(total);
+        if max_surge == 0 && max_unavailable == 0 {
+            max_unavailable = 1;
+        }
+        RolloutLimits {
+            max_surge,
+            max_unavailable,
+        }
+    }
+
+    /// `joinTimeout` as a Duration (the default, 30 minutes, if malformed).
+    pub fn join_timeout(&self) -> Duration {
+        parse_duration(&self.join_timeout)
+            .or_else(|| parse_duration(DEFAULT_JOIN_TIMEOUT))
+            .unwrap_or(Duration::from_secs(30 * 60))
+    }
+
+    /// `drainTimeout` as a Duration; None means wait for the drain forever
+    /// (also when malformed: never cut a drain short on a value we cannot read).
+    pub fn drain_timeout(&self) -> Option<Duration> {
+        self.drain_timeout.as_deref().and_then(parse_duration)
+    }
+}
+
+/// Resolves a count-or-percentage against `total`, like Kubernetes'
+/// `GetScaledValueFromIntOrPercent`: "25%" of 10 is 3 rounding up, 2 rounding
+/// down. None for a negative count or a string that is not `<digits>%`.
+pub fn scaled_int_or_percent(value: &IntOrString, total: usize, round_up: bool) -> Option<usize> {
+    match value {
+        IntOrString::Int(n) => usize::try_from(*n).ok(),
+        IntOrString::String(s) => {
+            let digits = s.strip_suffix('%')?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let percent: u128 = digits.parse().ok()?;
+            let scaled = percent.checked_mul(total as u128)?;
+            let value = if round_up {
+                scaled.div_ceil(100)
+            } else {
+                scaled / 100
+            };
+            usize::try_from(value).ok()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int(n: i32) -> IntOrString {
+        IntOrString::Int(n)
+    }
+
+    fn pct(s: &str) -> IntOrString {
+        IntOrString::String(s.to_string())
+    }
+
+    #[test]
+    fn scaled_values_round_like_deployments() {
+        let cases = [
+            // (value, total, round_up, want)
+            (int(3), 10, true, Some(3)),
+            (int(3), 10, false, Some(3)),
+            (int(0), 10, true, Some(0)),
+            (int(-1), 10, true, None),
+            (pct("25%"), 10, true, Some(3)),
+            (pct("25%"), 10, false, Some(2)),
+            (pct("25%"), 12, true, Some(3)),
+            (pct("1%"), 5, true, Some(1)),
+            (pct("1%"), 5, false, Some(0)),
+            (pct("0%"), 100, true, Some(0)),
+            (pct("100%"), 7, false, Some(7)),
+            (pct("150%"), 4, true, Some(6)),
+            (pct("25%"), 0, true, Some(0)),
+            (pct("25"), 10, true, None),
+            (pct("%"), 10, true, None),
+            (pct("-5%"), 10, true, None),
+            (pct("2.5%"), 10, true, None),
+            (pct("abc"), 10, true, None),
+        ];
+        for (value, total, round_up, want) in cases {
+            assert_eq!(
+                scaled_int_or_percent(&value, total, round_up),
+                want,
+                "{value:?} of {total} (round up: {round_up})"
+            );
+        }
+    }
+
+    fn rollout(surge: IntOrString, unavailable: IntOrString) -> Rollout {
+        Rollout {
+            max_surge: surge,
+            max_unavailable: unavailable,
+            ..Rollout::default()
+        }
+    }
+
+    #[test]
+    fn limits_resolve_surge_up_unavailable_down_and_never_both_zero() {
+        let cases = [
+            // (surge, unavailable, total, want surge, want unavailable)
+            (int(1), int(0), 12, 1, 0), // Constellation's behaviour
+            (pct("25%"), int(0), 12, 3, 0),
+            (pct("10%"), pct("10%"), 12, 2, 1),
+            (int(0), int(2), 12, 0, 2),
+            (pct("0%"), pct("10%"), 5, 0, 1), // fencepost: both 0 → one unavailable
+            (int(0), int(0), 3, 0, 1),
+            (pct("50%"), pct("50%"), 0, 0, 1),
+            (pct("bad"), pct("bad"), 10, 1, 0), // malformed → defaults
+        ];
+        for (surge, unavailable, total, want_surge, want_unavailable) in cases {
+            let r = rollout(surge.clone(), unavailable.clone());
+            assert_eq!(
+                r.limits_for(total),
+                RolloutLimits {
+                    max_surge: want_surge,
+                    max_unavailable: want_unavailable
+                },
+                "surge {surge:?}, unavailable {unavailable:?}, {total} nodes"
+            );
+        }
+        let r = rollout(pct("25%"), pct("25%"));
+        assert_eq!(r.max_surge_for(10), 3);
+        assert_eq!(r.max_unavailable_for(10), 2);
+    }
+
+    #[test]
+    fn timeouts_parse_with_defaults() {
+        let cases = [
+            // (joinTimeout, drainTimeout, want join seconds, want drain seconds)
+            ("30m", None, 1800, None),
+            ("1h30m", Some("90s"), 5400, Some(90)),
+            ("10m", Some("2h"), 600, Some(7200)),
+            ("soon", Some("later"), 1800, None),
+        ];
+        for (join, drain, want_join, want_drain) in cases {
+            let r = Rollout {
+                join_timeout: join.to_string(),
+                drain_timeout: drain.map(str::to_string),
+                ..Rollout::default()
+            };
+            assert_eq!(r.join_timeout(), Duration::from_secs(want_join), "{join}");
+            assert_eq!(
+                r.drain_timeout(),
+                want_drain.map(Duration::from_secs),
+                "{drain:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn absent_fields_take_constellations_defaults() {
+        let r: Rollout = serde_json::from_str("{}").expect("an empty rollout parses");
+        assert_eq!(r, Rollout::default());
+        assert_eq!(r.max_surge, int(1));
+        assert_eq!(r.max_unavailable, int(0));
+        assert!(r.control_plane_first);
+        assert_eq!(r.join_timeout, "30m");
+        assert_eq!(r.drain_timeout, None);
+        let r: Rollout = serde_json::from_str(r#"{"maxSurge": "25%", "maxUnavailable": 2}"#).expect("parses");
+        assert_eq!((r.max_surge, r.max_unavailable), (pct("25%"), int(2)));
+    }
+}
