@@ -59,6 +59,8 @@ pub enum Error {
         name: String,
         reason: String,
     },
+    #[error("cloud: {0}")]
+    Cloud(#[from] crate::cloud::CloudError),
     #[error("serialization: {0}")]
     Serialization(#[from] serde_json::Error),
     #[error("this replica is not the leader")]
@@ -75,6 +77,7 @@ impl Error {
             Error::Kube(_) => Category::KubeApi,
             Error::NotFound { .. } => Category::NotFound,
             Error::InvalidObject { .. } => Category::InvalidObject,
+            Error::Cloud(_) => Category::Cloud,
             Error::Serialization(_) => Category::Serialization,
             Error::NotLeader => Category::NotLeader,
             Error::Timeout { .. } => Category::Timeout,

@@ -73,6 +73,10 @@ struct RunArgs {
     /// Workers per controller.
     #[arg(long, default_value_t = 8)]
     workers: usize,
+    /// Replace outdated nodes through the simulated cloud at this address
+    /// (`nodewarden sim-cloud`); without a cloud only maintenance runs.
+    #[arg(long, env = "NODEWARDEN_SIM_CLOUD")]
+    sim_cloud: Option<String>,
     /// Path of a kubeconfig (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -120,6 +124,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             lease_namespace: args.maintenance_lease_namespace,
         },
         workers: args.workers,
+        cloud: match &args.sim_cloud {
+            Some(endpoint) => Some(std::sync::Arc::new(
+                nodewarden::cloud::sim::SimProvider::new(endpoint).context("configuring the sim cloud")?,
+            )),
+            None => None,
+        },
     };
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();

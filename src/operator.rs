@@ -13,10 +13,17 @@ use tokio_util::sync::CancellationToken;
 use kube::runtime::events::{Recorder, Reporter};
 
 use crate::api::node_maintenance::{MaintenanceObject, kubevirt, medik8s};
+use crate::api::update::{AutoscalingStrategy, JoiningNode, NodeVersion, PendingNode, ScalingGroup};
+use crate::cloud::CloudProvider;
+use crate::controllers::autoscaling_strategy::{self, AutoscalingStrategyReconciler};
+use crate::controllers::joining_node::{self, JoiningNodeReconciler};
 use crate::controllers::node_maintenance::{
     AllClaims, Claim, ClaimsOf, MaintenanceConfig, MaintenanceContext, NODE_INDEX, NodeMaintenanceReconciler,
     index_by_node, keys_for_node,
 };
+use crate::controllers::node_version::NodeVersionReconciler;
+use crate::controllers::pending_node::PendingNodeReconciler;
+use crate::controllers::scaling_group::{self, ScalingGroupReconciler};
 use crate::drain::DrainEngine;
 use crate::http::{self, HttpState};
 use crate::runtime::controller::{Controller, ControllerConfig};
@@ -24,8 +31,9 @@ use crate::runtime::leader::{ConfigError, LeaderElectionConfig, LeaderElector, L
 use crate::runtime::reflector::{Reflector, ReflectorConfig, strip_node};
 use crate::runtime::store::{ObjectKey, Store};
 use crate::telemetry::Metrics;
+use k8s_openapi::api::apps::v1::Deployment;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct OperatorConfig {
     pub leader: LeaderElectionConfig,
     /// Where /healthz, /readyz and /metrics are served.
@@ -37,6 +45,8 @@ pub struct OperatorConfig {
     pub maintenance: MaintenanceConfig,
     /// Workers per controller.
     pub workers: usize,
+    /// The cloud that replaces nodes; None: no rolling replacement, only maintenance.
+    pub cloud: Option<Arc<dyn CloudProvider>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,10 +137,33 @@ pub async fn run(
         &metrics,
     );
 
-    let ready_stores = node_store.clone();
+    let mut rollout_tasks = Vec::new();
+    let mut rollout_synced: Vec<SyncedCheck> = Vec::new();
+    if let Some(cloud) = &config.cloud {
+        let (tasks, synced) = rollout_controllers(
+            &client,
+            cloud.clone(),
+            &leader,
+            &config,
+            &mut nodes,
+            &mut nm_medik8s,
+            &controller_config,
+            &metrics,
+        );
+        rollout_tasks = tasks;
+        rollout_synced = synced;
+    }
+    let ready = (
+        node_store.clone(),
+        medik8s_store.clone(),
+        kubevirt_store.clone(),
+        rollout_synced,
+    );
     let state = HttpState {
         metrics: metrics.clone(),
-        ready: Arc::new(move || ready_stores.is_synced()),
+        ready: Arc::new(move || {
+            ready.0.is_synced() && ready.1.is_synced() && ready.2.is_synced() && ready.3.iter().all(|s| s())
+        }),
     };
     let (addr, serve) = http::bind(config.http_addr, state, shutdown.clone())
         .await
@@ -144,6 +177,9 @@ pub async fn run(
     let work = CancellationToken::new();
     let election = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
+    for task in rollout_tasks {
+        tasks.spawn(task(leader.clone(), work.clone()));
+    }
     tasks.spawn(nodes.run(work.clone()));
     tasks.spawn(nm_medik8s.run(work.clone()));
     tasks.spawn(nm_kubevirt.run(work.clone()));
@@ -240,4 +276,213 @@ async fn stop_drains_when_not_leading(
         }
     }
     engine.stop_all();
+}
+
+/// "Has this store its first full list?", for /readyz.
+type SyncedCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// A task of the operator, started with the leader handle and the shutdown token.
+type Task =
+    Box<dyn FnOnce(LeaderHandle, CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send>;
+
+fn reflector_of<K>(client: &Client, name: &str, selector: &Option<String>) -> Reflector<K>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    Reflector::new(
+        name,
+        Api::<K>::all(client.clone()),
+        ReflectorConfig {
+            label_selector: selector.clone(),
+            ..Default::default()
+        },
+    )
+}
+
+/// The rolling-replacement controllers (NodeVersion, PendingNode) and their
+/// reflectors. Returns the tasks to spawn and the synced checks for /readyz.
+#[allow(clippy::too_many_arguments)]
+fn rollout_controllers(
+    client: &Client,
+    cloud: Arc<dyn CloudProvider>,
+    leader: &LeaderHandle,
+    config: &OperatorConfig,
+    nodes: &mut Reflector<Node>,
+    maintenances: &mut Reflector<medik8s::NodeMaintenance>,
+    controller_config: &ControllerConfig,
+    metrics: &Metrics,
+) -> (Vec<Task>, Vec<SyncedCheck>) {
+    let selector = &config.object_selector;
+    let cloud_for_groups = cloud.clone();
+    let mut versions = reflector_of::<NodeVersion>(client, "nodeversions", selector);
+    let mut groups = reflector_of::<ScalingGroup>(client, "scalinggroups", selector);
+    let mut pending = reflector_of::<PendingNode>(client, "pendingnodes", selector);
+    let mut strategies = reflector_of::<AutoscalingStrategy>(client, "autoscalingstrategies", selector);
+    let mut joining = reflector_of::<JoiningNode>(client, "joiningnodes", selector);
+    // The autoscaler Deployments the strategies name (Deployments are few).
+    let mut deployments = Reflector::new(
+        "deployments",
+        Api::<Deployment>::all(client.clone()),
+        ReflectorConfig::default(),
+    );
+    let (version_store, group_store, pending_store, strategy_store) = (
+        versions.store(),
+        groups.store(),
+        pending.store(),
+        strategies.store(),
+    );
+
+    let mut version_controller = Controller::new(
+        "nodeversion",
+        NodeVersionReconciler {
+            client: client.clone(),
+            cloud: cloud.clone(),
+            leader: leader.clone(),
+            versions: version_store.clone(),
+            groups: group_store.clone(),
+            nodes: nodes.store(),
+            pending: pending_store.clone(),
+            maintenances: maintenances.store(),
+            strategies: strategy_store.clone(),
+        },
+        controller_config.clone(),
+        metrics.clone(),
+    );
+    // Few NodeVersions exist: any relevant change looks at all of them.
+    let all_versions = {
+        let store = version_store.clone();
+        move || store.keys()
+    };
+    version_controller.watches(&mut versions, |v: &NodeVersion| {
+        ObjectKey::of(v).into_iter().collect()
+    });
+    let all = all_versions.clone();
+    version_controller.watches(nodes, move |_: &Node| all());
+    let all = all_versions.clone();
+    version_controller.watches(&mut pending, move |_: &PendingNode| all());
+    let all = all_versions.clone();
+    version_controller.watches(maintenances, move |m: &medik8s::NodeMaintenance| {
+        if m.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with(crate::controllers::node_version::DRAIN_PREFIX))
+        {
+            all()
+        } else {
+            Vec::new()
+        }
+    });
+    let all = all_versions.clone();
+    version_controller.watches(&mut groups, move |_: &ScalingGroup| all());
+
+    let mut pending_controller = Controller::new(
+        "pendingnode",
+        PendingNodeReconciler {
+            client: client.clone(),
+            cloud: cloud.clone(),
+            leader: leader.clone(),
+            pending: pending_store.clone(),
+            nodes: nodes.store(),
+        },
+        controller_config.clone(),
+        metrics.clone(),
+    );
+    pending_controller.watches(&mut pending, |p: &PendingNode| {
+        ObjectKey::of(p).into_iter().collect()
+    });
+    let by_node = pending_store.clone();
+    pending_controller.watches(nodes, move |n: &Node| {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        by_node
+            .list()
+            .iter()
+            .filter(|p| p.spec.node_name == name)
+            .filter_map(|p| ObjectKey::of(p.as_ref()))
+            .collect()
+    });
+
+    let mut group_controller = Controller::new(
+        "scalinggroup",
+        ScalingGroupReconciler::new(
+            client.clone(),
+            leader.clone(),
+            cloud_for_groups,
+            group_store.clone(),
+            version_store.clone(),
+        ),
+        controller_config.clone(),
+        metrics.clone(),
+    );
+    group_controller.watches(&mut groups, |g: &ScalingGroup| {
+        ObjectKey::of(g).into_iter().collect()
+    });
+    let by_version = group_store.clone();
+    group_controller.watches(&mut versions, move |v: &NodeVersion| {
+        scaling_group::keys_for_node_version(&by_version, v)
+    });
+
+    let mut strategy_controller = Controller::new(
+        "autoscalingstrategy",
+        AutoscalingStrategyReconciler::new(
+            client.clone(),
+            leader.clone(),
+            strategy_store.clone(),
+            deployments.store(),
+        ),
+        controller_config.clone(),
+        metrics.clone(),
+    );
+    strategy_controller.watches(&mut strategies, |s: &AutoscalingStrategy| {
+        ObjectKey::of(s).into_iter().collect()
+    });
+    let by_deployment = strategy_store.clone();
+    strategy_controller.watches(&mut deployments, move |d: &Deployment| {
+        autoscaling_strategy::keys_for_deployment(&by_deployment, d)
+    });
+
+    let joining_store = joining.store();
+    let mut joining_controller = Controller::new(
+        "joiningnode",
+        JoiningNodeReconciler::new(
+            client.clone(),
+            leader.clone(),
+            joining_store.clone(),
+            nodes.store(),
+        ),
+        controller_config.clone(),
+        metrics.clone(),
+    );
+    joining_controller.watches(&mut joining, |j: &JoiningNode| {
+        ObjectKey::of(j).into_iter().collect()
+    });
+    let by_node = joining_store.clone();
+    joining_controller.watches(nodes, move |n: &Node| joining_node::keys_for_node(&by_node, n));
+
+    let synced: Vec<SyncedCheck> = vec![
+        Arc::new(move || joining_store.is_synced()),
+        Arc::new(move || version_store.is_synced()),
+        Arc::new(move || group_store.is_synced()),
+        Arc::new(move || pending_store.is_synced()),
+        Arc::new(move || strategy_store.is_synced()),
+    ];
+    let tasks: Vec<Task> = vec![
+        Box::new(move |_, stop| Box::pin(versions.run(stop))),
+        Box::new(move |_, stop| Box::pin(groups.run(stop))),
+        Box::new(move |_, stop| Box::pin(pending.run(stop))),
+        Box::new(move |_, stop| Box::pin(strategies.run(stop))),
+        Box::new(move |leader, stop| Box::pin(version_controller.run(leader, stop))),
+        Box::new(move |leader, stop| Box::pin(pending_controller.run(leader, stop))),
+        Box::new(move |_, stop| Box::pin(joining.run(stop))),
+        Box::new(move |_, stop| Box::pin(deployments.run(stop))),
+        Box::new(move |leader, stop| Box::pin(group_controller.run(leader, stop))),
+        Box::new(move |leader, stop| Box::pin(strategy_controller.run(leader, stop))),
+        Box::new(move |leader, stop| Box::pin(joining_controller.run(leader, stop))),
+    ];
+    (tasks, synced)
 }

@@ -6,8 +6,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -18,59 +17,10 @@ use nodewarden::cloud::simcloud::nodes::SCALING_GROUP_LABEL;
 use nodewarden::cloud::simcloud::wire::InstanceView;
 use nodewarden::cloud::{CloudError, CloudProvider, CreateNodeRequest, GroupRole, InstanceState};
 use support::{Probe, RUN_LABEL, TestEnv, node_is_ready, seen, wait_for};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A running `nodewarden sim-cloud` child process and a provider talking to it.
-struct SimCloud {
-    child: Child,
-    provider: SimProvider,
-}
-
-impl SimCloud {
-    /// Starts the binary on port 0 and reads the bound address from the first
-    /// line of its stdout.
-    async fn start(config: &Path, state: &Path) -> SimCloud {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nodewarden"))
-            .arg("sim-cloud")
-            .arg("--config")
-            .arg(config)
-            .arg("--state")
-            .arg(state)
-            .args(["--listen", "127.0.0.1:0", "--kubeconfig"])
-            .arg(&support::control_plane().kubeconfig)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting nodewarden sim-cloud");
-        let stdout = child.stdout.take().expect("a piped stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let first = tokio::time::timeout(TIMEOUT, lines.next_line())
-            .await
-            .expect("sim-cloud printed its address in time")
-            .expect("reading sim-cloud's stdout")
-            .expect("sim-cloud printed a line before exiting");
-        let addr = first
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .to_string();
-        // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let provider = SimProvider::new(&addr)
-            .expect("a valid endpoint")
-            .with_timeout(Duration::from_secs(5));
-        SimCloud { child, provider }
-    }
-
-    /// kill -9: no chance to save anything on the way out.
-    async fn kill(mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-    }
-}
+use support::sim::SimCloud;
 
 /// A temp directory with a config of one group and a state file path.
 struct Files {

@@ -8,6 +8,8 @@
 //! object it creates, so tests run in parallel without touching each other.
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
+pub mod sim;
+
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::future::Future;
@@ -581,13 +583,24 @@ impl TestEnv {
         &self,
         maintenance: nodewarden::controllers::node_maintenance::MaintenanceConfig,
     ) -> RunningOperator {
+        self.start_operator_with(maintenance, None, "operator").await
+    }
+
+    /// An operator with a cloud (rolling replacement) and an identity of its
+    /// own (several may run, as replicas of one deployment).
+    pub async fn start_operator_with(
+        &self,
+        maintenance: nodewarden::controllers::node_maintenance::MaintenanceConfig,
+        cloud: Option<std::sync::Arc<dyn nodewarden::cloud::CloudProvider>>,
+        identity: &str,
+    ) -> RunningOperator {
         // Logs of the operator under test (RUST_LOG picks the level).
         nodewarden::telemetry::init_logging(false);
         install_crds(&self.client).await;
         let mut leader = nodewarden::runtime::leader::LeaderElectionConfig::new(
             self.namespace.clone(),
             "nodewarden",
-            format!("{}-operator", self.id),
+            format!("{}-{identity}", self.id),
         );
         leader.lease_duration = Duration::from_secs(3);
         leader.renew_deadline = Duration::from_secs(2);
@@ -599,6 +612,7 @@ impl TestEnv {
             object_selector: Some(self.run_selector()),
             maintenance,
             workers: 8,
+            cloud,
         };
         let client = control_plane().client().await;
         let shutdown = tokio_util::sync::CancellationToken::new();

@@ -1,0 +1,566 @@
+//! The NodeVersion controller: replaces every node whose image or Kubernetes
+//! components differ from its NodeVersion, within the rollout's budgets.
+//!
+//! It gathers facts from its stores (Nodes, ScalingGroups, PendingNodes,
+//! NodeMaintenances) and asks the cloud only for what nodes lack (their group
+//! and image, then cached in annotations, as Constellation does). The plan
+//! itself is [`super::rollout::plan`], a pure function. Event-driven: every
+//! change of a watched object reconciles the NodeVersions again.
+//!
+//! Creating an instance never leaks one: the PendingNode that tracks it is
+//! written first, and its name is the idempotency key of the cloud call, so a
+//! leader that dies in between leaves a PendingNode its successor completes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
+use crate::api::conditions::set_condition;
+use crate::api::node_maintenance::{MaintenancePhase, medik8s};
+use crate::api::update::{
+    AutoscalingStrategy, NodeCounts, NodeVersion, NodeVersionStatus, PendingNode, PendingNodeGoal,
+    PendingNodeSpec, ScalingGroup, condition, reason,
+};
+use crate::cloud::{CloudProvider, CreateNodeRequest};
+use crate::error::{Error, Result};
+use crate::runtime::controller::{Action, Reconciler};
+use crate::runtime::leader::LeaderHandle;
+use crate::runtime::store::{ObjectKey, Store};
+
+pub const GROUP_ANNOTATION: &str = "constellation.edgeless.systems/scaling-group-id";
+pub const IMAGE_ANNOTATION: &str = "constellation.edgeless.systems/node-image";
+pub const COMPONENTS_ANNOTATION: &str = "constellation.edgeless.systems/kubernetes-components";
+/// On a donor: the name of its heir.
+pub const HEIR_ANNOTATION: &str = "constellation.edgeless.systems/heir";
+/// On an heir: the name of its donor.
+pub const DONOR_ANNOTATION: &str = "constellation.edgeless.systems/donor";
+/// On an AutoscalingStrategy nodewarden disabled: which NodeVersion did (so
+/// only what nodewarden paused is resumed).
+pub const PAUSED_BY_ANNOTATION: &str = "nodewarden.dev/paused-by";
+/// NodeMaintenances a rollout creates are named with this prefix.
+pub const DRAIN_PREFIX: &str = "nodewarden-replace-";
+/// How long a leaving instance is tracked.
+const LEAVE_DEADLINE_SECS: i64 = 600;
+
+/// The name of the NodeMaintenance that drains `node` for a rollout.
+pub fn drain_name(node: &str) -> String {
+    format!("{DRAIN_PREFIX}{node}")
+}
+
+pub struct NodeVersionReconciler {
+    pub client: Client,
+    pub cloud: Arc<dyn CloudProvider>,
+    pub leader: LeaderHandle,
+    pub versions: Store<NodeVersion>,
+    pub groups: Store<ScalingGroup>,
+    pub nodes: Store<Node>,
+    pub pending: Store<PendingNode>,
+    pub maintenances: Store<medik8s::NodeMaintenance>,
+    pub strategies: Store<AutoscalingStrategy>,
+}
+
+fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+fn reference(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Labels an heir inherits: everything but Kubernetes' own and nodewarden's
+/// bookkeeping (reserved domains are set by the kubelet or the cloud).
+pub fn inheritable_labels(donor: &Node) -> BTreeMap<String, String> {
+    donor
+        .labels()
+        .iter()
+        .filter(|(k, _)| {
+            let domain = k.split_once('/').map(|(d, _)| d).unwrap_or("");
+            !(domain.ends_with("kubernetes.io")
+                || domain.ends_with("k8s.io")
+                || domain.starts_with("nodewarden.dev"))
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+impl Reconciler for NodeVersionReconciler {
+    type Error = Error;
+
+    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
+        let Some(nv) = self.versions.get(key) else {
+            return Ok(Action::Done);
+        };
+        let nv_name = nv.name_any();
+        self.annotate_unknown_nodes().await?;
+
+        let groups: Vec<Arc<ScalingGroup>> = self
+            .groups
+            .list()
+            .into_iter()
+            .filter(|g| g.spec.node_version() == nv_name)
+            .collect();
+        let group_facts: Vec<GroupFacts> = groups
+            .iter()
+            .map(|g| GroupFacts {
+                id: g.spec.group_id.clone(),
+                role: if g.spec.is_control_plane() {
+                    Role::ControlPlane
+                } else {
+                    Role::Worker
+                },
+                image_ready: g.status.as_ref().map(|s| s.image_reference.as_str())
+                    == Some(nv.spec.image.as_str()),
+            })
+            .collect();
+        let group_ids: Vec<&str> = group_facts.iter().map(|g| g.id.as_str()).collect();
+        let nodes: Vec<Arc<Node>> = self
+            .nodes
+            .list()
+            .into_iter()
+            .filter(|n| annotation(n, GROUP_ANNOTATION).is_some_and(|g| group_ids.contains(&g)))
+            .collect();
+        let pending: Vec<Arc<PendingNode>> = self
+            .pending
+            .list()
+            .into_iter()
+            .filter(|p| group_ids.contains(&p.spec.group_id.as_str()))
+            .collect();
+        let node_names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
+        let joining_nodes: Vec<&str> = pending
+            .iter()
+            .filter(|p| p.spec.goal == Some(PendingNodeGoal::Join))
+            .map(|p| p.spec.node_name.as_str())
+            .collect();
+        let components = nv.spec.kubernetes_components_reference.as_str();
+        let node_facts: Vec<NodeFacts> = nodes
+            .iter()
+            .map(|n| {
+                let name = n.name_any();
+                let drain = match self
+                    .maintenances
+                    .get(&ObjectKey::cluster(&drain_name(&name)))
+                    .and_then(|m| m.status.as_ref().and_then(|s| s.phase))
+                {
+                    None if self
+                        .maintenances
+                        .get(&ObjectKey::cluster(&drain_name(&name)))
+                        .is_some() =>
+                    {
+                        DrainState::Running
+                    }
+                    None => DrainState::None,
+                    Some(MaintenancePhase::Running) => DrainState::Running,
+                    Some(MaintenancePhase::Succeeded) => DrainState::Succeeded,
+                    Some(MaintenancePhase::Failed) => DrainState::Failed,
+                };
+                NodeFacts {
+                    group: annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string(),
+                    up_to_date: annotation(n, IMAGE_ANNOTATION) == Some(nv.spec.image.as_str())
+                        && (components.is_empty()
+                            || annotation(n, COMPONENTS_ANNOTATION) == Some(components)),
+                    ready: is_ready(n),
+                    // A pairing ends when its donor is gone: the heir is then
+                    // an ordinary node (and may itself be replaced later).
+                    heir_of: annotation(n, DONOR_ANNOTATION)
+                        .filter(|d| node_names.iter().any(|n| n == d))
+                        .map(str::to_string),
+                    donor_to: annotation(n, HEIR_ANNOTATION)
+                        .filter(|h| node_names.iter().any(|n| n == h))
+                        .map(str::to_string),
+                    drain,
+                    joining: joining_nodes.contains(&name.as_str()),
+                    name,
+                }
+            })
+            .collect();
+        let joins: Vec<JoinFacts> = pending
+            .iter()
+            .filter(|p| p.spec.goal == Some(PendingNodeGoal::Join) && !node_names.contains(&p.spec.node_name))
+            .map(|p| JoinFacts {
+                pending: p.name_any(),
+                group: p.spec.group_id.clone(),
+            })
+            .collect();
+        let limits = nv.spec.rollout.limits_for(node_facts.len());
+        let facts = Facts {
+            groups: &group_facts,
+            nodes: &node_facts,
+            joins: &joins,
+            max_surge: limits.max_surge,
+            max_unavailable: limits.max_unavailable,
+            control_plane_first: nv.spec.rollout.control_plane_first,
+        };
+        let steps = rollout::plan(&facts);
+        let counts = rollout::counts(&facts);
+        for step in &steps {
+            tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
+            self.carry_out(&nv, step, &nodes).await?;
+        }
+        self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
+        self.write_status(&nv, &facts, &counts, &steps).await?;
+        Ok(Action::Done)
+    }
+}
+
+impl NodeVersionReconciler {
+    /// Nodes with a provider ID but no group or image annotation: ask the cloud once.
+    async fn annotate_unknown_nodes(&self) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for node in self.nodes.list() {
+            let provider_id = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .unwrap_or_default();
+            if provider_id.is_empty()
+                || (annotation(&node, GROUP_ANNOTATION).is_some()
+                    && annotation(&node, IMAGE_ANNOTATION).is_some())
+            {
+                continue;
+            }
+            let group = match self.cloud.node_group(provider_id).await {
+                Ok(g) => g,
+                // Not a node of this cloud: it stays unmanaged.
+                Err(e) if !e.retryable() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let image = self.cloud.node_image(provider_id).await?;
+            let patch =
+                json!({"metadata": {"annotations": {GROUP_ANNOTATION: group, IMAGE_ANNOTATION: image}}});
+            nodes
+                .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn carry_out(&self, nv: &NodeVersion, step: &Step, nodes: &[Arc<Node>]) -> Result<()> {
+        let node_api: Api<Node> = Api::all(self.client.clone());
+        let find = |name: &str| nodes.iter().find(|n| n.name_any() == name).cloned();
+        match step {
+            Step::Pair { donor, heir } => {
+                let Some(donor_node) = find(donor) else {
+                    return Ok(());
+                };
+                let mut labels: BTreeMap<String, Option<String>> = inheritable_labels(&donor_node)
+                    .into_iter()
+                    .map(|(k, v)| (k, Some(v)))
+                    .collect();
+                labels.retain(|_, v| v.is_some());
+                let heir_patch =
+                    json!({"metadata": {"labels": labels, "annotations": {DONOR_ANNOTATION: donor}}});
+                node_api
+                    .patch(heir, &PatchParams::default(), &Patch::Merge(&heir_patch))
+                    .await?;
+                let donor_patch = json!({"metadata": {"annotations": {HEIR_ANNOTATION: heir}}});
+                node_api
+                    .patch(donor, &PatchParams::default(), &Patch::Merge(&donor_patch))
+                    .await?;
+                // The heir joined: its PendingNode has done its job.
+                let pending: Api<PendingNode> = Api::all(self.client.clone());
+                for p in self.pending.list().iter().filter(|p| p.spec.node_name == *heir) {
+                    delete_ignoring_missing(&pending, &p.name_any()).await?;
+                }
+            }
+            Step::Drain { node } => {
+                let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.client.clone());
+                let mut spec = json!({"nodeName": node, "reason": format!("replaced by nodewarden (NodeVersion {})", nv.name_any())});
+                if let Some(timeout) = &nv.spec.rollout.drain_timeout {
+                    spec["drainTimeout"] = json!(timeout);
+                }
+                let nm: medik8s::NodeMaintenance = serde_json::from_value(json!({
+                    "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+                    "kind": "NodeMaintenance",
+                    // The NodeVersion's labels: an operator scoped by an object
+                    // selector sees the maintenances its rollouts create.
+                    "metadata": {"name": drain_name(node), "labels": nv.labels()},
+                    "spec": spec,
+                }))?;
+                if self
+                    .maintenances
+                    .get(&ObjectKey::cluster(&drain_name(node)))
+                    .is_none()
+                {
+                    match maintenances.create(&PostParams::default(), &nm).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Step::Retire { node } => {
+                let Some(n) = find(node) else { return Ok(()) };
+                let provider_id = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.clone())
+                    .unwrap_or_default();
+                let group = annotation(&n, GROUP_ANNOTATION).unwrap_or_default().to_string();
+                // Track the leaving instance first, so it is deleted even if we die now.
+                self.track_leave(node, &provider_id, &group).await?;
+                self.leader.ensure_leader()?;
+                match self.cloud.delete_node(&provider_id).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: n.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match node_api.delete(node, &params).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Step::Create { group, count } => {
+                let deadline = Timestamp::now()
+                    .checked_add(
+                        SignedDuration::try_from(nv.spec.rollout.join_timeout())
+                            .unwrap_or(SignedDuration::from_secs(1800)),
+                    )
+                    .unwrap_or(Timestamp::now());
+                for _ in 0..*count {
+                    self.create_instance(nv, group, deadline).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A PendingNode first (its name is the cloud call's idempotency key),
+    /// then the instance; the PendingNode controller finishes a create that
+    /// was interrupted.
+    async fn create_instance(&self, nv: &NodeVersion, group: &str, deadline: Timestamp) -> Result<()> {
+        let pending: Api<PendingNode> = Api::all(self.client.clone());
+        let name = format!("join-{:08x}", rand::random::<u32>());
+        let pn = PendingNode {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(nv.labels().clone()),
+                ..Default::default()
+            },
+            spec: PendingNodeSpec {
+                provider_id: String::new(),
+                group_id: group.to_string(),
+                node_name: String::new(),
+                goal: Some(PendingNodeGoal::Join),
+                deadline: Some(Time(deadline)),
+            },
+            status: None,
+        };
+        pending.create(&PostParams::default(), &pn).await?;
+        self.leader.ensure_leader()?;
+        let created = self
+            .cloud
+            .create_node(&CreateNodeRequest {
+                group_id: group.to_string(),
+                request_id: Some(name.clone()),
+            })
+            .await?;
+        let patch = json!({"spec": {"providerID": created.provider_id, "nodeName": created.node_name}});
+        pending
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    async fn track_leave(&self, node: &str, provider_id: &str, group: &str) -> Result<()> {
+        let pending: Api<PendingNode> = Api::all(self.client.clone());
+        let name = format!("leave-{node}");
+        if self.pending.get(&ObjectKey::cluster(&name)).is_some() {
+            return Ok(());
+        }
+        let deadline = Timestamp::now()
+            .checked_add(SignedDuration::from_secs(LEAVE_DEADLINE_SECS))
+            .unwrap_or(Timestamp::now());
+        let labels = self
+            .pending
+            .list()
+            .iter()
+            .find(|p| p.spec.group_id == group)
+            .map(|p| p.labels().clone())
+            .unwrap_or_default();
+        let pn = PendingNode {
+            metadata: ObjectMeta {
+                name: Some(name),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            spec: PendingNodeSpec {
+                provider_id: provider_id.to_string(),
+                group_id: group.to_string(),
+                node_name: node.to_string(),
+                goal: Some(PendingNodeGoal::Leave),
+                deadline: Some(Time(deadline)),
+            },
+            status: None,
+        };
+        match pending.create(&PostParams::default(), &pn).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Pauses the cluster autoscaler while nodes are outdated; resumes only
+    /// what this NodeVersion paused.
+    async fn pause_autoscaling(&self, nv: &str, outdated: bool) -> Result<()> {
+        let api: Api<AutoscalingStrategy> = Api::all(self.client.clone());
+        for s in self.strategies.list() {
+            let paused_by_us = s.annotations().get(PAUSED_BY_ANNOTATION).map(String::as_str) == Some(nv);
+            let patch = if outdated && s.spec.enabled {
+                json!({"metadata": {"annotations": {PAUSED_BY_ANNOTATION: nv}}, "spec": {"enabled": false}})
+            } else if !outdated && paused_by_us {
+                json!({"metadata": {"annotations": {PAUSED_BY_ANNOTATION: null}}, "spec": {"enabled": true}})
+            } else {
+                continue;
+            };
+            api.patch(&s.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn write_status(
+        &self,
+        nv: &NodeVersion,
+        facts: &Facts<'_>,
+        counts: &rollout::Counts,
+        steps: &[Step],
+    ) -> Result<()> {
+        let mut status: NodeVersionStatus = nv.status_or_default();
+        let refs = |f: &dyn Fn(&NodeFacts) -> bool| -> Vec<ObjectReference> {
+            facts
+                .nodes
+                .iter()
+                .filter(|n| f(n))
+                .map(|n| reference(&n.name))
+                .collect()
+        };
+        status.outdated = refs(&|n| !n.up_to_date && n.donor_to.is_none());
+        status.up_to_date = refs(&|n| n.up_to_date && n.heir_of.is_none() && !n.joining);
+        status.donors = refs(&|n| !n.up_to_date && n.donor_to.is_some());
+        status.heirs = refs(&|n| n.heir_of.is_some());
+        status.mints = refs(&|n| n.up_to_date && n.joining && n.heir_of.is_none());
+        status.pending = facts
+            .joins
+            .iter()
+            .map(|j| ObjectReference {
+                kind: Some("PendingNode".into()),
+                name: Some(j.pending.clone()),
+                ..Default::default()
+            })
+            .collect();
+        status.budget = u32::try_from(facts.max_surge.saturating_sub(counts.surge)).unwrap_or(0);
+        status.set_counts(NodeCounts {
+            nodes: counts.nodes as u32,
+            up_to_date: counts.up_to_date as u32,
+            outdated: counts.outdated as u32,
+            replacing: (counts.surge + counts.unavailable) as u32,
+        });
+        let now = Timestamp::now();
+        let generation = nv.metadata.generation;
+        let mut conditions = std::mem::take(&mut status.conditions);
+        let outdated = counts.outdated > 0;
+        set_condition(
+            &mut conditions,
+            condition::OUTDATED,
+            outdated,
+            if outdated {
+                reason::NODE_VERSIONS_OUT_OF_DATE
+            } else {
+                reason::NODE_VERSIONS_UP_TO_DATE
+            },
+            format!("{} of {} nodes outdated", counts.outdated, counts.nodes),
+            generation,
+            now,
+        );
+        let waiting_for_group = facts.groups.iter().any(|g| !g.image_ready);
+        let progressing_reason = if !outdated {
+            reason::ROLLOUT_COMPLETE
+        } else if waiting_for_group && steps.is_empty() {
+            reason::WAITING_FOR_SCALING_GROUP
+        } else {
+            reason::REPLACING_NODES
+        };
+        set_condition(
+            &mut conditions,
+            condition::PROGRESSING,
+            outdated,
+            progressing_reason,
+            format!("{} nodes in flight", counts.surge + counts.unavailable),
+            generation,
+            now,
+        );
+        let failed_drains: Vec<&str> = facts
+            .nodes
+            .iter()
+            .filter(|n| n.drain == DrainState::Failed)
+            .map(|n| n.name.as_str())
+            .collect();
+        set_condition(
+            &mut conditions,
+            condition::DEGRADED,
+            !failed_drains.is_empty(),
+            if failed_drains.is_empty() {
+                reason::AS_EXPECTED
+            } else {
+                reason::DRAIN_TIMEOUT
+            },
+            if failed_drains.is_empty() {
+                "no problem".to_string()
+            } else {
+                format!("drains failed: {}", failed_drains.join(", "))
+            },
+            generation,
+            now,
+        );
+        status.conditions = conditions;
+        if Some(&status) == nv.status.as_ref() {
+            return Ok(());
+        }
+        let api: Api<NodeVersion> = Api::all(self.client.clone());
+        api.patch_status(
+            &nv.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": status})),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+async fn delete_ignoring_missing<K>(api: &Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,231 @@
+//! The PendingNode controller: follows instances between the cloud and the
+//! cluster.
+//!
+//! Join: finish an interrupted create (same idempotency key: the PendingNode's
+//! name), record the cloud state, mark the goal reached once the Node is Ready,
+//! and past the deadline delete the instance and switch the goal to Leave (a
+//! new instance is then created by the rollout). Leave: make sure the instance
+//! is deleted, and forget the PendingNode once the cloud says it is gone.
+//! The cloud has no watch, so this controller polls it — every few seconds,
+//! and only while an instance is in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
+use crate::cloud::{CloudProvider, CreateNodeRequest, InstanceState};
+use crate::error::{Error, Result};
+use crate::runtime::controller::{Action, Reconciler};
+use crate::runtime::leader::LeaderHandle;
+use crate::runtime::store::{ObjectKey, Store};
+
+const POLL: Duration = Duration::from_secs(1);
+const LEAVE_DEADLINE_SECS: i64 = 600;
+
+/// What to do with a PendingNode (pure).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingStep {
+    /// The create was interrupted before the cloud answered: ask again.
+    FinishCreate,
+    /// Joined and Ready.
+    ReachedJoin,
+    /// Still on its way: look again later.
+    Wait,
+    /// Join deadline passed without a Node: delete the instance, goal Leave.
+    GiveUp,
+    /// Leaving: ask the cloud to delete (again, harmlessly).
+    Delete,
+    /// Gone from the cloud: forget the PendingNode.
+    Forget,
+}
+
+pub fn decide(
+    goal: PendingNodeGoal,
+    has_provider_id: bool,
+    state: Option<InstanceState>,
+    node_ready: bool,
+    deadline_passed: bool,
+) -> PendingStep {
+    match goal {
+        PendingNodeGoal::Join if !has_provider_id => PendingStep::FinishCreate,
+        PendingNodeGoal::Join if node_ready => PendingStep::ReachedJoin,
+        PendingNodeGoal::Join if deadline_passed => PendingStep::GiveUp,
+        PendingNodeGoal::Join => PendingStep::Wait,
+        // None: the cloud has no record — never created, or long gone.
+        PendingNodeGoal::Leave => match state {
+            Some(InstanceState::Terminated) | None => PendingStep::Forget,
+            Some(InstanceState::Terminating) => PendingStep::Wait,
+            Some(_) => PendingStep::Delete,
+        },
+    }
+}
+
+fn csp_state(state: Option<InstanceState>) -> CspNodeState {
+    match state {
+        Some(InstanceState::Creating) => CspNodeState::Creating,
+        Some(InstanceState::Ready) => CspNodeState::Ready,
+        Some(InstanceState::Stopped) => CspNodeState::Stopped,
+        Some(InstanceState::Terminating) => CspNodeState::Terminating,
+        Some(InstanceState::Terminated) => CspNodeState::Terminated,
+        Some(InstanceState::Failed) => CspNodeState::Failed,
+        Some(InstanceState::Unknown) | None => CspNodeState::Unknown,
+    }
+}
+
+pub struct PendingNodeReconciler {
+    pub client: Client,
+    pub cloud: Arc<dyn CloudProvider>,
+    pub leader: LeaderHandle,
+    pub pending: Store<PendingNode>,
+    pub nodes: Store<Node>,
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+impl Reconciler for PendingNodeReconciler {
+    type Error = Error;
+
+    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
+        let Some(pn) = self.pending.get(key) else {
+            return Ok(Action::Done);
+        };
+        let api: Api<PendingNode> = Api::all(self.client.clone());
+        let name = pn.name_any();
+        let goal = pn.spec.goal.unwrap_or(PendingNodeGoal::Join);
+        let provider_id = pn.spec.provider_id.as_str();
+        let state = if provider_id.is_empty() {
+            None
+        } else {
+            match self.cloud.node_state(provider_id).await {
+                Ok(s) => Some(s),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let node = self.nodes.get(&ObjectKey::cluster(&pn.spec.node_name));
+        let ready = node.as_deref().is_some_and(node_ready);
+        let deadline_passed = pn.spec.deadline_passed(Timestamp::now());
+        let step = decide(goal, !provider_id.is_empty(), state, ready, deadline_passed);
+
+        let status = json!({"status": {"cspState": csp_state(state), "reachedGoal": step == PendingStep::ReachedJoin}});
+        if pn.status.as_ref().map(|s| (s.csp_state, s.reached_goal))
+            != Some((Some(csp_state(state)), step == PendingStep::ReachedJoin))
+        {
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await?;
+        }
+        match step {
+            PendingStep::FinishCreate => {
+                self.leader.ensure_leader()?;
+                let created = self
+                    .cloud
+                    .create_node(&CreateNodeRequest {
+                        group_id: pn.spec.group_id.clone(),
+                        request_id: Some(name.clone()),
+                    })
+                    .await?;
+                let patch =
+                    json!({"spec": {"providerID": created.provider_id, "nodeName": created.node_name}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                Ok(Action::RequeueAfter(POLL))
+            }
+            PendingStep::ReachedJoin => Ok(Action::Done),
+            PendingStep::Wait => {
+                let until_deadline = pn
+                    .spec
+                    .deadline
+                    .as_ref()
+                    .and_then(|d| Duration::try_from(d.0.duration_since(Timestamp::now())).ok())
+                    .unwrap_or(POLL);
+                Ok(Action::RequeueAfter(
+                    POLL.min(until_deadline.max(Duration::from_millis(50))),
+                ))
+            }
+            PendingStep::GiveUp => {
+                tracing::warn!(pending = %name, node = %pn.spec.node_name, "join deadline passed: deleting the instance");
+                self.leader.ensure_leader()?;
+                match self.cloud.delete_node(provider_id).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let deadline = Timestamp::now()
+                    .checked_add(SignedDuration::from_secs(LEAVE_DEADLINE_SECS))
+                    .unwrap_or(Timestamp::now());
+                let patch = json!({"spec": {"goal": "Leave", "deadline": Time(deadline)}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                Ok(Action::RequeueAfter(POLL))
+            }
+            PendingStep::Delete => {
+                self.leader.ensure_leader()?;
+                match self.cloud.delete_node(provider_id).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(Action::RequeueAfter(POLL))
+            }
+            PendingStep::Forget => {
+                // A Node left behind by a gone instance goes too.
+                if node.is_some() {
+                    let nodes: Api<Node> = Api::all(self.client.clone());
+                    match nodes.delete(&pn.spec.node_name, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => Ok(Action::Done),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::Done),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use InstanceState::*;
+    use PendingNodeGoal::*;
+
+    #[test]
+    fn decisions() {
+        let cases = [
+            (Join, false, None, false, false, PendingStep::FinishCreate),
+            (Join, true, Some(Creating), false, false, PendingStep::Wait),
+            (Join, true, Some(Ready), false, false, PendingStep::Wait),
+            (Join, true, Some(Ready), true, false, PendingStep::ReachedJoin),
+            (Join, true, Some(Ready), true, true, PendingStep::ReachedJoin),
+            (Join, true, Some(Creating), false, true, PendingStep::GiveUp),
+            (Join, true, None, false, true, PendingStep::GiveUp),
+            (Leave, true, Some(Ready), false, false, PendingStep::Delete),
+            (Leave, true, Some(Terminating), false, false, PendingStep::Wait),
+            (Leave, true, Some(Terminated), false, false, PendingStep::Forget),
+            (Leave, true, None, false, false, PendingStep::Forget),
+        ];
+        for (goal, has_id, state, ready, late, want) in cases {
+            assert_eq!(
+                decide(goal, has_id, state, ready, late),
+                want,
+                "{goal:?} {has_id} {state:?} {ready} {late}"
+            );
+        }
+    }
+}

@@ -1,0 +1,513 @@
+//! The AutoscalingStrategy, ScalingGroup and JoiningNode controllers run
+//! in-process (reflectors, controller, leader election) against the real
+//! local control plane; the ScalingGroup controller against a real
+//! `nodewarden sim-cloud` child process.
+
+mod support;
+
+use support::sim::SimCloud;
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::ClusterResourceScope;
+use kube::{Resource, ResourceExt};
+use nodewarden::api::update::{AutoscalingStrategy, JoiningNode, NodeVersion, ScalingGroup, condition};
+use nodewarden::cloud::CloudProvider;
+use nodewarden::controllers::autoscaling_strategy::{self, AutoscalingStrategyReconciler};
+use nodewarden::controllers::joining_node::{self, COMPONENTS_ANNOTATION, JoiningNodeReconciler};
+use nodewarden::controllers::scaling_group::{self, ScalingGroupReconciler};
+use nodewarden::runtime::controller::{Controller, ControllerConfig, Reconciler};
+use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector, LeaderHandle};
+use nodewarden::runtime::reflector::{Reflector, ReflectorConfig};
+use nodewarden::runtime::store::ObjectKey;
+use nodewarden::telemetry::Metrics;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Leader election plus the reflectors and controllers of one test.
+struct Running {
+    leader: LeaderHandle,
+    shutdown: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+impl Running {
+    fn start(env: &TestEnv, name: &str) -> Running {
+        let mut config = LeaderElectionConfig::new(env.namespace.clone(), name, format!("{}-{name}", env.id));
+        config.lease_duration = Duration::from_secs(3);
+        config.renew_deadline = Duration::from_secs(2);
+        config.retry_period = Duration::from_millis(500);
+        let elector = LeaderElector::new(env.client.clone(), config).expect("a valid election config");
+        let leader = elector.handle();
+        let shutdown = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(elector.run(shutdown.clone()));
+        Running {
+            leader,
+            shutdown,
+            tasks,
+        }
+    }
+
+    fn reflector<K>(&mut self, reflector: Reflector<K>)
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        self.tasks.spawn(reflector.run(self.shutdown.clone()));
+    }
+
+    fn controller<R: Reconciler>(&mut self, controller: Controller<R>) {
+        self.tasks
+            .spawn(controller.run(self.leader.clone(), self.shutdown.clone()));
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+fn by_run(env: &TestEnv) -> ReflectorConfig {
+    ReflectorConfig {
+        label_selector: Some(env.run_selector()),
+        ..Default::default()
+    }
+}
+
+fn run_labels(env: &TestEnv) -> BTreeMap<String, String> {
+    BTreeMap::from([(RUN_LABEL.to_string(), env.id.clone())])
+}
+
+/// Deletes the test's objects of a kind the harness does not clean up.
+async fn remove_labelled<K>(env: &TestEnv)
+where
+    K: Resource<DynamicType = (), Scope = ClusterResourceScope> + Clone + DeserializeOwned + Debug,
+{
+    let api: Api<K> = Api::all(env.client.clone());
+    let _ = api
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&env.run_selector()),
+        )
+        .await;
+}
+
+fn key_of<K: Resource>(o: &K) -> Vec<ObjectKey> {
+    ObjectKey::of(o).into_iter().collect()
+}
+
+#[tokio::test]
+async fn autoscaling_strategy_pauses_and_restores_the_deployment() {
+    let env = TestEnv::new("small-autoscaling").await;
+    support::install_crds(&env.client).await;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "cluster-autoscaler"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "cluster-autoscaler"}},
+            "template": {
+                "metadata": {"labels": {"app": "cluster-autoscaler"}},
+                "spec": {
+                    // Never scheduled: other tests' nodes stay untouched.
+                    "nodeSelector": {"nodewarden.test/nowhere": "true"},
+                    "containers": [{"name": "ca", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        },
+    }))
+    .expect("a deployment");
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("creating the deployment");
+
+    let mut run = Running::start(&env, "autoscaling");
+    let mut strategies_r = Reflector::new(
+        "autoscalingstrategies",
+        Api::<AutoscalingStrategy>::all(env.client.clone()),
+        by_run(&env),
+    );
+    let mut deployments_r = Reflector::new("deployments", deployments.clone(), ReflectorConfig::default());
+    let strategies = strategies_r.store();
+    let reconciler = AutoscalingStrategyReconciler::new(
+        env.client.clone(),
+        run.leader.clone(),
+        strategies.clone(),
+        deployments_r.store(),
+    );
+    let mut controller = Controller::new(
+        "autoscalingstrategy",
+        reconciler,
+        ControllerConfig::default(),
+        Metrics::new(),
+    );
+    controller.watches(&mut strategies_r, key_of);
+    controller.watches(&mut deployments_r, move |d: &Deployment| {
+        autoscaling_strategy::keys_for_deployment(&strategies, d)
+    });
+    run.reflector(strategies_r);
+    run.reflector(deployments_r);
+    run.controller(controller);
+
+    let name = env.name("autoscaler");
+    let api: Api<AutoscalingStrategy> = Api::all(env.client.clone());
+    let strategy: AutoscalingStrategy = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1",
+        "kind": "AutoscalingStrategy",
+        "metadata": {"name": name, "labels": {RUN_LABEL: env.id}},
+        "spec": {
+            "enabled": true,
+            "deploymentName": "cluster-autoscaler",
+            "deploymentNamespace": env.namespace,
+        },
+    }))
+    .expect("a strategy");
+    api.create(&PostParams::default(), &strategy)
+        .await
+        .expect("creating the strategy");
+
+    // (spec.enabled, Deployment replicas, status.enabled, status.replicas)
+    let expect = |enabled: bool, replicas: i32, status_enabled: bool, remembered: i32| {
+        let (api, deployments, name) = (api.clone(), deployments.clone(), name.clone());
+        async move {
+            wait_for(
+                &format!("enabled={enabled}: {replicas} replicas, status ({status_enabled}, {remembered})"),
+                TIMEOUT,
+                || async {
+                    let d = match deployments.get("cluster-autoscaler").await {
+                        Ok(d) => d,
+                        Err(e) => return Probe::NotYet(seen(e)),
+                    };
+                    let s = match api.get(&name).await {
+                        Ok(s) => s,
+                        Err(e) => return Probe::NotYet(seen(e)),
+                    };
+                    let got_replicas = d.spec.and_then(|s| s.replicas);
+                    let status = s.status.unwrap_or_default();
+                    let got = (got_replicas, status.enabled, status.replicas);
+                    if got == (Some(replicas), status_enabled, remembered) {
+                        Probe::Done(())
+                    } else {
+                        Probe::NotYet(format!("{got:?}"))
+                    }
+                },
+            )
+            .await
+        }
+    };
+    let set_enabled = |enabled: bool| {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"enabled": enabled}})),
+            )
+            .await
+            .expect("patching spec.enabled");
+        }
+    };
+
+    expect(true, 2, true, 2).await;
+    set_enabled(false).await;
+    expect(false, 0, false, 2).await;
+    set_enabled(true).await;
+    expect(true, 2, true, 2).await;
+    // Twice in a row changes nothing and loses nothing.
+    set_enabled(false).await;
+    expect(false, 0, false, 2).await;
+    set_enabled(false).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    expect(false, 0, false, 2).await;
+    set_enabled(true).await;
+    expect(true, 2, true, 2).await;
+
+    // A missing Deployment is no error: the status says it is not running.
+    deployments
+        .delete("cluster-autoscaler", &DeleteParams::default())
+        .await
+        .expect("deleting the deployment");
+    wait_for("status.enabled false without a deployment", TIMEOUT, || async {
+        match api.get(&name).await {
+            Ok(s) if s.status.as_ref().is_some_and(|s| !s.enabled && s.replicas == 2) => Probe::Done(()),
+            Ok(s) => Probe::NotYet(format!("{:?}", s.status)),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+
+    run.stop().await;
+    remove_labelled::<AutoscalingStrategy>(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn scaling_group_follows_its_node_version_image() {
+    let env = TestEnv::new("small-scalinggroup").await;
+    support::install_crds(&env.client).await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let group = env.name("workers");
+    let config = dir.path().join("sim-cloud.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "groups:\n  - id: {group}\n    role: Worker\n    initialSize: 0\n    image: img-1\n    labels:\n      {RUN_LABEL}: {id}\n",
+            id = env.id
+        ),
+    )
+    .expect("writing the config");
+    let sim = SimCloud::start(&config, &dir.path().join("state.json")).await;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(sim.provider.clone());
+
+    let mut run = Running::start(&env, "scalinggroup");
+    let mut groups_r = Reflector::new(
+        "scalinggroups",
+        Api::<ScalingGroup>::all(env.client.clone()),
+        by_run(&env),
+    );
+    let mut versions_r = Reflector::new(
+        "nodeversions",
+        Api::<NodeVersion>::all(env.client.clone()),
+        by_run(&env),
+    );
+    let groups = groups_r.store();
+    let reconciler = ScalingGroupReconciler::new(
+        env.client.clone(),
+        run.leader.clone(),
+        cloud.clone(),
+        groups.clone(),
+        versions_r.store(),
+    );
+    let mut controller = Controller::new(
+        "scalinggroup",
+        reconciler,
+        ControllerConfig::default(),
+        Metrics::new(),
+    );
+    controller.watches(&mut groups_r, key_of);
+    let mapped = groups.clone();
+    controller.watches(&mut versions_r, move |nv: &NodeVersion| {
+        scaling_group::keys_for_node_version(&mapped, nv)
+    });
+    run.reflector(groups_r);
+    run.reflector(versions_r);
+    run.controller(controller);
+
+    let nv_name = env.name("version");
+    let versions: Api<NodeVersion> = Api::all(env.client.clone());
+    let nv: NodeVersion = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1",
+        "kind": "NodeVersion",
+        "metadata": {"name": nv_name, "labels": {RUN_LABEL: env.id}},
+        "spec": {"image": "img-2"},
+    }))
+    .expect("a node version");
+    versions
+        .create(&PostParams::default(), &nv)
+        .await
+        .expect("creating the node version");
+
+    // Discovery creates the ScalingGroup of the cloud group, once.
+    let created =
+        scaling_group::discover_and_create(&env.client, cloud.as_ref(), &groups, &nv_name, &run_labels(&env))
+            .await
+            .expect("discovery");
+    assert_eq!(created, std::slice::from_ref(&group));
+    let sgs: Api<ScalingGroup> = Api::all(env.client.clone());
+    let sg = sgs.get(&group).await.expect("the discovered ScalingGroup");
+    assert_eq!(sg.spec.group_id, group);
+    assert_eq!(sg.spec.node_image, nv_name);
+    assert_eq!(sg.labels().get(RUN_LABEL), Some(&env.id));
+    wait_for("the store sees the new ScalingGroup", TIMEOUT, || async {
+        if groups.get(&ObjectKey::cluster(&group)).is_some() {
+            Probe::Done(())
+        } else {
+            Probe::NotYet("not in the store".into())
+        }
+    })
+    .await;
+    let again =
+        scaling_group::discover_and_create(&env.client, cloud.as_ref(), &groups, &nv_name, &run_labels(&env))
+            .await
+            .expect("discovery again");
+    assert!(again.is_empty(), "{again:?}");
+
+    let expect_image = |image: &'static str| {
+        let (sgs, provider, group) = (sgs.clone(), sim.provider.clone(), group.clone());
+        async move {
+            wait_for(&format!("group and status on {image}"), TIMEOUT, || async {
+                let cloud_image = match provider.group_image(&group).await {
+                    Ok(i) => i,
+                    Err(e) => return Probe::NotYet(seen(e)),
+                };
+                let sg = match sgs.get(&group).await {
+                    Ok(sg) => sg,
+                    Err(e) => return Probe::NotYet(seen(e)),
+                };
+                let status = sg.status.unwrap_or_default();
+                let outdated = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == condition::OUTDATED)
+                    .map(|c| (c.status.clone(), c.observed_generation));
+                let got = (
+                    cloud_image.as_str(),
+                    status.image_reference.as_str(),
+                    outdated.clone(),
+                );
+                if got.0 == image
+                    && got.1 == image
+                    && outdated == Some(("False".into(), sg.metadata.generation))
+                {
+                    Probe::Done(())
+                } else {
+                    Probe::NotYet(format!("{got:?}"))
+                }
+            })
+            .await
+        }
+    };
+    expect_image("img-2").await;
+
+    // A NodeVersion change reaches the groups following it.
+    versions
+        .patch(
+            &nv_name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"image": "img-3"}})),
+        )
+        .await
+        .expect("patching the image");
+    expect_image("img-3").await;
+
+    run.stop().await;
+    sim.kill().await;
+    remove_labelled::<ScalingGroup>(&env).await;
+    remove_labelled::<NodeVersion>(&env).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn joining_node_annotates_its_node_and_goes_away() {
+    let env = TestEnv::new("small-joiningnode").await;
+    support::install_crds(&env.client).await;
+
+    let mut run = Running::start(&env, "joiningnode");
+    let mut joining_r = Reflector::new(
+        "joiningnodes",
+        Api::<JoiningNode>::all(env.client.clone()),
+        by_run(&env),
+    );
+    let mut nodes_r = Reflector::new("nodes", Api::<Node>::all(env.client.clone()), by_run(&env));
+    let joining = joining_r.store();
+    let reconciler = JoiningNodeReconciler::new(
+        env.client.clone(),
+        run.leader.clone(),
+        joining.clone(),
+        nodes_r.store(),
+    );
+    let mut controller = Controller::new(
+        "joiningnode",
+        reconciler,
+        ControllerConfig::default(),
+        Metrics::new(),
+    );
+    controller.watches(&mut joining_r, key_of);
+    controller.watches(&mut nodes_r, move |n: &Node| {
+        joining_node::keys_for_node(&joining, n)
+    });
+    run.reflector(joining_r);
+    run.reflector(nodes_r);
+    run.controller(controller);
+
+    let api: Api<JoiningNode> = Api::all(env.client.clone());
+    let create = |name: String, node: String, deadline: Timestamp| {
+        let (api, id) = (api.clone(), env.id.clone());
+        async move {
+            let jn: JoiningNode = serde_json::from_value(json!({
+                "apiVersion": "update.edgeless.systems/v1alpha1",
+                "kind": "JoiningNode",
+                "metadata": {"name": name, "labels": {RUN_LABEL: id}},
+                "spec": {
+                    "name": node,
+                    "componentsreference": "k8s-components-abc",
+                    "deadline": deadline.to_string(),
+                },
+            }))
+            .expect("a joining node");
+            api.create(&PostParams::default(), &jn)
+                .await
+                .expect("creating a joining node");
+        }
+    };
+    let gone = |name: String| {
+        let api = api.clone();
+        async move {
+            wait_for(&format!("JoiningNode {name} deleted"), TIMEOUT, || async {
+                match api.get_opt(&name).await {
+                    Ok(None) => Probe::Done(()),
+                    Ok(Some(_)) => Probe::NotYet("still there".into()),
+                    Err(e) => Probe::NotYet(seen(e)),
+                }
+            })
+            .await
+        }
+    };
+
+    // Announced before the node exists (as the join service does).
+    let node = env.name("node-0");
+    // Whole seconds: the API server keeps no more (metav1.Time).
+    let in_secs = |s: i64| Timestamp::from_second(Timestamp::now().as_second() + s).expect("a time");
+    let later = in_secs(600);
+    create(env.name("join"), node.clone(), later).await;
+    // One whose node never comes: removed at its deadline.
+    let soon = in_secs(4);
+    create(env.name("never"), env.name("ghost"), soon).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for name in [env.name("join"), env.name("never")] {
+        assert!(
+            api.get_opt(&name)
+                .await
+                .expect("reading the joining node")
+                .is_some(),
+            "{name} kept while its node has not appeared and its deadline is ahead"
+        );
+    }
+
+    let names = env.create_kwok_nodes(1, &[]).await;
+    assert_eq!(names, std::slice::from_ref(&node));
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    wait_for("the node annotated", TIMEOUT, || async {
+        match nodes.get(&node).await {
+            Ok(n) => match n.annotations().get(COMPONENTS_ANNOTATION) {
+                Some(v) if v == "k8s-components-abc" => Probe::Done(()),
+                other => Probe::NotYet(format!("{other:?}")),
+            },
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    gone(env.name("join")).await;
+    gone(env.name("never")).await;
+    assert!(
+        Timestamp::now() >= soon,
+        "the expired JoiningNode went away at its deadline, not before"
+    );
+
+    run.stop().await;
+    remove_labelled::<JoiningNode>(&env).await;
+    env.cleanup().await;
+}
