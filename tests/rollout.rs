@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use nodewarden::api::update::{NodeVersion, PendingNode, ScalingGroup};
 use nodewarden::cloud::CloudProvider;
 use nodewarden::cloud::InstanceState;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
+use nodewarden::runtime::reflector::{Event as ReflectorEvent, Reflector, ReflectorConfig};
 use serde_json::json;
 use support::sim::{OwnedSimCloud, SimCloud};
 use support::{Probe, RUN_LABEL, TestEnv, node_is_ready, seen, wait_for};
@@ -41,9 +42,11 @@ impl Breaches {
     }
 }
 
-/// Watches the cluster every 100 ms: never more nodes than `base + surge`
-/// (invariant 1), a node only disappears once its heir is Ready (invariant 2),
-/// the Deployments' PodDisruptionBudgets hold (invariant 3).
+/// Watches the cluster and checks the invariants of DESIGN.md on every
+/// change, as it happens: never more nodes than `base + surge` counting
+/// instances on their way (invariant 1); a node disappears only while its heir
+/// is Ready (invariant 2, judged on the node's last state, which the deletion
+/// event carries); the Deployments' budgets hold (invariant 3, sampled).
 async fn check(
     client: Client,
     env_id: String,
@@ -53,49 +56,72 @@ async fn check(
     breaches: Arc<Breaches>,
     stop: CancellationToken,
 ) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-    let pending: Api<PendingNode> = Api::all(client.clone());
-    let mut last: BTreeMap<String, Node> = BTreeMap::new();
-    while !stop.is_cancelled() {
-        let Ok(list) = nodes
-            .list(&ListParams::default().labels(&format!("{RUN_LABEL}={env_id}")))
-            .await
-        else {
-            continue;
-        };
-        let now: BTreeMap<String, Node> = list.items.into_iter().map(|n| (n.name_any(), n)).collect();
-        let joins = pending
-            .list(&ListParams::default().labels(&format!("{RUN_LABEL}={env_id}")))
-            .await
-            .map(|l| {
-                l.items
-                    .iter()
-                    .filter(|p| p.spec.goal == Some(nodewarden::api::update::PendingNodeGoal::Join))
-                    .filter(|p| !now.contains_key(&p.spec.node_name))
-                    .count()
-            })
-            .unwrap_or(0);
-        let allowed = base + *surge.lock().unwrap_or_else(|e| e.into_inner());
-        if now.len() + joins > allowed {
-            breaches.add(format!(
-                "{} nodes + {joins} joining > {allowed} allowed",
-                now.len()
-            ));
-        }
-        for (name, node) in &last {
-            if now.contains_key(name) {
-                continue;
+    let selector = format!("{RUN_LABEL}={env_id}");
+    let config = ReflectorConfig {
+        label_selector: Some(selector.clone()),
+        ..Default::default()
+    };
+    let mut nodes = Reflector::new("checker-nodes", Api::<Node>::all(client.clone()), config.clone());
+    let mut pending = Reflector::new("checker-pending", Api::<PendingNode>::all(client.clone()), config);
+    let (node_store, pending_store) = (nodes.store(), pending.store());
+
+    let count_check = {
+        let (node_store, pending_store, surge, breaches) = (
+            node_store.clone(),
+            pending_store.clone(),
+            surge.clone(),
+            breaches.clone(),
+        );
+        Arc::new(move || {
+            let names: BTreeSet<String> = node_store.keys().into_iter().map(|k| k.name).collect();
+            let joins = pending_store
+                .list()
+                .iter()
+                .filter(|p| p.spec.goal == Some(nodewarden::api::update::PendingNodeGoal::Join))
+                .filter(|p| !names.contains(&p.spec.node_name))
+                .count();
+            let allowed = base + *surge.lock().unwrap_or_else(|e| e.into_inner());
+            if names.len() + joins > allowed {
+                breaches.add(format!(
+                    "{} nodes + {joins} joining > {allowed} allowed",
+                    names.len()
+                ));
             }
+        })
+    };
+    let on_node = count_check.clone();
+    let heirs = node_store.clone();
+    let node_breaches = breaches.clone();
+    nodes.on_event(move |event| match event {
+        ReflectorEvent::Deleted(node) => {
             let heir = node
                 .annotations()
                 .get("constellation.edgeless.systems/heir")
                 .cloned();
-            match heir.as_ref().and_then(|h| now.get(h)) {
-                Some(h) if node_is_ready(h) => {}
-                _ => breaches.add(format!("{name} deleted without a Ready heir ({heir:?})")),
+            let heir_ready = heir
+                .as_ref()
+                .and_then(|h| heirs.get(&nodewarden::runtime::store::ObjectKey::cluster(h)))
+                .is_some_and(|h| node_is_ready(&h));
+            // A surplus node (a mint nobody needed) leaves without an heir.
+            let surplus = node
+                .annotations()
+                .contains_key("constellation.edgeless.systems/obsolete");
+            if !heir_ready && !surplus {
+                node_breaches.add(format!(
+                    "{} deleted without a Ready heir ({heir:?})",
+                    node.name_any()
+                ));
             }
         }
+        _ => on_node(),
+    });
+    let on_pending = count_check.clone();
+    pending.on_event(move |_| on_pending());
+    tokio::spawn(nodes.run(stop.clone()));
+    tokio::spawn(pending.run(stop.clone()));
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    while !stop.is_cancelled() {
         if let Ok(list) = deployments.list(&ListParams::default()).await {
             for d in list.items {
                 let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
@@ -109,7 +135,6 @@ async fn check(
                 }
             }
         }
-        last = now;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -338,6 +363,205 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
         three < one,
         "maxSurge 3 ({three:?}) should beat maxSurge 1 ({one:?})"
     );
+    op.stop().await;
+    let Rollout { env, sim, .. } = r;
+    sim.sim.kill().await;
+    env.cleanup().await;
+}
+
+/// Sets `joinTimeout` on the test's NodeVersion.
+async fn set_join_timeout(env: &TestEnv, timeout: &str) {
+    let patch = json!({"spec": {"rollout": {"joinTimeout": timeout}}});
+    Api::<NodeVersion>::all(env.client.clone())
+        .patch(
+            &env.name("version"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("setting joinTimeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_never_joins_is_deleted_and_replaced() {
+    let r = setup(
+        "never-join",
+        &[("cp", "ControlPlane", 1), ("workers", "Worker", 2)],
+    )
+    .await;
+    let env = &r.env;
+    set_join_timeout(env, "4s").await;
+    let faults = nodewarden::cloud::simcloud::faults::Faults {
+        never_join: 1,
+        ..Default::default()
+    };
+    r.sim
+        .sim
+        .provider
+        .set_faults(&faults)
+        .await
+        .expect("injecting neverJoin");
+    let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
+    let op = env
+        .start_operator_with(MaintenanceConfig::default(), Some(cloud), "operator")
+        .await;
+
+    let took = roll(&r, "img-2", 1).await;
+    assert_no_leak(&r).await;
+    let instances = r
+        .sim
+        .sim
+        .provider
+        .list_instances()
+        .await
+        .expect("listing instances");
+    let stuck: Vec<_> = instances.iter().filter(|i| i.never_join).collect();
+    assert_eq!(stuck.len(), 1, "one instance was made never to join");
+    assert!(
+        matches!(
+            stuck[0].state,
+            InstanceState::Terminated | InstanceState::Terminating
+        ),
+        "the instance that never joined is deleted: {:?}",
+        stuck[0].state
+    );
+    let created = instances.iter().filter(|i| i.instance.image == "img-2").count();
+    assert_eq!(created, 4, "3 replacements plus the one that never joined");
+    println!("rollout with an instance that never joined: {took:?}");
+    op.stop().await;
+    let Rollout { env, sim, .. } = r;
+    sim.sim.kill().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_image_mid_rollout_wins_and_the_autoscaler_is_paused_meanwhile() {
+    let r = setup(
+        "mid-rollout",
+        &[("cp", "ControlPlane", 1), ("workers", "Worker", 3)],
+    )
+    .await;
+    let env = &r.env;
+    // A stand-in cluster-autoscaler Deployment and its strategy.
+    let autoscaler: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "cluster-autoscaler"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "cluster-autoscaler"}},
+            "template": {
+                "metadata": {"labels": {"app": "cluster-autoscaler"}},
+                "spec": {
+                    "nodeSelector": {RUN_LABEL: env.id},
+                    "containers": [{"name": "c", "image": "registry.invalid/autoscaler:1"}],
+                },
+            },
+        },
+    }))
+    .expect("a deployment");
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    deployments
+        .create(&PostParams::default(), &autoscaler)
+        .await
+        .expect("creating the autoscaler");
+    let strategy: nodewarden::api::update::AutoscalingStrategy = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "AutoscalingStrategy",
+        "metadata": {"name": env.name("autoscaling"), "labels": {RUN_LABEL: env.id}},
+        "spec": {"enabled": true, "deploymentName": "cluster-autoscaler", "deploymentNamespace": env.namespace},
+    }))
+    .expect("a strategy");
+    let strategies: Api<nodewarden::api::update::AutoscalingStrategy> = Api::all(env.client.clone());
+    strategies
+        .create(&PostParams::default(), &strategy)
+        .await
+        .expect("creating the strategy");
+
+    let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
+    let op = env
+        .start_operator_with(MaintenanceConfig::default(), Some(cloud), "operator")
+        .await;
+
+    // Watch the autoscaler's replicas throughout.
+    let seen_replicas = Arc::new(Mutex::new(BTreeSet::new()));
+    let stop = CancellationToken::new();
+    let watcher = {
+        let (deployments, seen_replicas, stop) = (deployments.clone(), seen_replicas.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                if let Ok(d) = deployments.get("cluster-autoscaler").await {
+                    let replicas = d.spec.and_then(|s| s.replicas).unwrap_or(-1);
+                    seen_replicas
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(replicas);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    // Start towards img-2; once the first node runs it, ask for img-3.
+    let api: Api<NodeVersion> = Api::all(env.client.clone());
+    let patch = json!({"spec": {"image": "img-2"}});
+    api.patch(
+        &env.name("version"),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .expect("img-2");
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let selector = env.run_selector();
+    wait_for("a first node on img-2", Duration::from_secs(60), || async {
+        let on_2 = nodes
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|n| {
+                        n.status
+                            .as_ref()
+                            .and_then(|s| s.node_info.as_ref())
+                            .is_some_and(|i| i.os_image == "img-2")
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if on_2 > 0 {
+            Probe::Done(())
+        } else {
+            Probe::NotYet("none yet".into())
+        }
+    })
+    .await;
+    roll(&r, "img-3", 1).await;
+    assert_no_leak(&r).await;
+
+    // The autoscaler came back once every node was current.
+    wait_for(
+        "the autoscaler restored to 2 replicas",
+        Duration::from_secs(30),
+        || async {
+            match deployments.get("cluster-autoscaler").await {
+                Ok(d) if d.spec.as_ref().and_then(|s| s.replicas) == Some(2) => Probe::Done(()),
+                Ok(d) => Probe::NotYet(format!("replicas {:?}", d.spec.and_then(|s| s.replicas))),
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        },
+    )
+    .await;
+    stop.cancel();
+    let _ = watcher.await;
+    let seen = seen_replicas.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert!(
+        seen.contains(&0),
+        "the autoscaler was scaled down during the rollout: {seen:?}"
+    );
+    let strategy = strategies
+        .get(&env.name("autoscaling"))
+        .await
+        .expect("the strategy");
+    assert!(strategy.spec.enabled, "the strategy is enabled again");
     op.stop().await;
     let Rollout { env, sim, .. } = r;
     sim.sim.kill().await;

@@ -41,6 +41,8 @@ pub const COMPONENTS_ANNOTATION: &str = "constellation.edgeless.systems/kubernet
 pub const HEIR_ANNOTATION: &str = "constellation.edgeless.systems/heir";
 /// On an heir: the name of its donor.
 pub const DONOR_ANNOTATION: &str = "constellation.edgeless.systems/donor";
+/// On a surplus node being removed.
+pub const OBSOLETE_ANNOTATION: &str = "constellation.edgeless.systems/obsolete";
 /// On an AutoscalingStrategy nodewarden disabled: which NodeVersion did (so
 /// only what nodewarden paused is resumed).
 pub const PAUSED_BY_ANNOTATION: &str = "nodewarden.dev/paused-by";
@@ -145,12 +147,33 @@ impl Reconciler for NodeVersionReconciler {
             .filter(|p| group_ids.contains(&p.spec.group_id.as_str()))
             .collect();
         let node_names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
-        let joining_nodes: Vec<&str> = pending
+        let components = nv.spec.kubernetes_components_reference.as_str();
+        let current = |n: &Node| {
+            annotation(n, IMAGE_ANNOTATION) == Some(nv.spec.image.as_str())
+                && (components.is_empty() || annotation(n, COMPONENTS_ANNOTATION) == Some(components))
+        };
+        // A node that joined for an older target (the image changed before it
+        // was paired) replaces nobody: it is surplus, to drain and remove.
+        let pending_api: Api<PendingNode> = Api::all(self.client.clone());
+        let node_api: Api<Node> = Api::all(self.client.clone());
+        let mut joining_nodes: Vec<&str> = Vec::new();
+        let mut surplus: Vec<String> = Vec::new();
+        for p in pending
             .iter()
             .filter(|p| p.spec.goal == Some(PendingNodeGoal::Join))
-            .map(|p| p.spec.node_name.as_str())
-            .collect();
-        let components = nv.spec.kubernetes_components_reference.as_str();
+        {
+            match nodes.iter().find(|n| n.name_any() == p.spec.node_name) {
+                Some(n) if annotation(n, IMAGE_ANNOTATION).is_some() && !current(n) => {
+                    let patch = json!({"metadata": {"annotations": {OBSOLETE_ANNOTATION: "true"}}});
+                    node_api
+                        .patch(&n.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                    delete_ignoring_missing(&pending_api, &p.name_any()).await?;
+                    surplus.push(n.name_any());
+                }
+                _ => joining_nodes.push(p.spec.node_name.as_str()),
+            }
+        }
         let node_facts: Vec<NodeFacts> = nodes
             .iter()
             .map(|n| {
@@ -174,9 +197,7 @@ impl Reconciler for NodeVersionReconciler {
                 };
                 NodeFacts {
                     group: annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string(),
-                    up_to_date: annotation(n, IMAGE_ANNOTATION) == Some(nv.spec.image.as_str())
-                        && (components.is_empty()
-                            || annotation(n, COMPONENTS_ANNOTATION) == Some(components)),
+                    up_to_date: current(n),
                     ready: is_ready(n),
                     // A pairing ends when its donor is gone: the heir is then
                     // an ordinary node (and may itself be replaced later).
@@ -188,6 +209,7 @@ impl Reconciler for NodeVersionReconciler {
                         .map(str::to_string),
                     drain,
                     joining: joining_nodes.contains(&name.as_str()),
+                    obsolete: annotation(n, OBSOLETE_ANNOTATION).is_some() || surplus.contains(&name),
                     name,
                 }
             })
@@ -278,6 +300,16 @@ impl NodeVersionReconciler {
                 // The heir joined: its PendingNode has done its job.
                 let pending: Api<PendingNode> = Api::all(self.client.clone());
                 for p in self.pending.list().iter().filter(|p| p.spec.node_name == *heir) {
+                    delete_ignoring_missing(&pending, &p.name_any()).await?;
+                }
+            }
+            Step::MarkObsolete { node } => {
+                let patch = json!({"metadata": {"annotations": {OBSOLETE_ANNOTATION: "true"}}});
+                node_api
+                    .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                let pending: Api<PendingNode> = Api::all(self.client.clone());
+                for p in self.pending.list().iter().filter(|p| p.spec.node_name == *node) {
                     delete_ignoring_missing(&pending, &p.name_any()).await?;
                 }
             }

@@ -52,6 +52,8 @@ pub struct NodeFacts {
     pub drain: DrainState,
     /// Joined through a PendingNode of this rollout that is still tracked.
     pub joining: bool,
+    /// A surplus node being removed (a mint left without a partner).
+    pub obsolete: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -90,6 +92,9 @@ pub enum Step {
     Retire { node: String },
     /// Create instances in a group.
     Create { group: String, count: usize },
+    /// A Ready new node no outdated node needs any more (the target moved
+    /// on, or its partner went away): mark it surplus, to drain and remove.
+    MarkObsolete { node: String },
 }
 
 /// A summary for status and metrics.
@@ -112,10 +117,12 @@ pub fn counts(f: &Facts) -> Counts {
             .and_then(|h| by_name.get(h))
             .is_some_and(|h| h.ready)
     };
+    // A joined node still tracked by its PendingNode counts as surge even
+    // before its image is known (the annotation may lag the join).
     let mints = f
         .nodes
         .iter()
-        .filter(|n| n.up_to_date && n.joining && n.heir_of.is_none())
+        .filter(|n| n.joining && n.heir_of.is_none())
         .count();
     let heirs_with_donor = f
         .nodes
@@ -126,7 +133,7 @@ pub fn counts(f: &Facts) -> Counts {
         nodes: f.nodes.len(),
         up_to_date: f.nodes.iter().filter(|n| n.up_to_date).count(),
         outdated: f.nodes.iter().filter(|n| !n.up_to_date).count(),
-        surge: f.joins.len() + mints + heirs_with_donor,
+        surge: f.joins.len() + mints + heirs_with_donor + f.nodes.iter().filter(|n| n.obsolete).count(),
         unavailable: f
             .nodes
             .iter()
@@ -160,28 +167,47 @@ pub fn plan(f: &Facts) -> Vec<Step> {
         }
     }
 
+    // Surplus nodes go the same way as donors, without waiting for an heir.
+    for node in f.nodes.iter().filter(|n| n.obsolete) {
+        match node.drain {
+            DrainState::None => steps.push(Step::Drain {
+                node: node.name.clone(),
+            }),
+            DrainState::Succeeded => steps.push(Step::Retire {
+                node: node.name.clone(),
+            }),
+            DrainState::Running | DrainState::Failed => {}
+        }
+    }
+
     // Pair each Ready mint with the first outdated node of its group that has no heir.
     let mut taken: BTreeSet<&str> = BTreeSet::new();
     let mut paired_mints = 0usize;
     for mint in f
         .nodes
         .iter()
-        .filter(|n| n.up_to_date && n.ready && n.joining && n.heir_of.is_none())
+        .filter(|n| n.up_to_date && n.ready && n.joining && n.heir_of.is_none() && !n.obsolete)
     {
         let partner = f.nodes.iter().find(|n| {
             !n.up_to_date
                 && n.group == mint.group
                 && n.donor_to.is_none()
                 && n.heir_of.is_none()
+                && !n.obsolete
                 && !taken.contains(n.name.as_str())
         });
-        if let Some(donor) = partner {
-            taken.insert(donor.name.as_str());
-            paired_mints += 1;
-            steps.push(Step::Pair {
-                donor: donor.name.clone(),
-                heir: mint.name.clone(),
-            });
+        match partner {
+            Some(donor) => {
+                taken.insert(donor.name.as_str());
+                paired_mints += 1;
+                steps.push(Step::Pair {
+                    donor: donor.name.clone(),
+                    heir: mint.name.clone(),
+                });
+            }
+            None => steps.push(Step::MarkObsolete {
+                node: mint.name.clone(),
+            }),
         }
     }
 
@@ -235,7 +261,7 @@ pub fn plan(f: &Facts) -> Vec<Step> {
         let on_the_way = f.joins.iter().filter(|j| j.group == g.id).count()
             + f.nodes
                 .iter()
-                .filter(|n| n.group == g.id && n.up_to_date && n.joining && n.heir_of.is_none())
+                .filter(|n| n.group == g.id && n.joining && n.heir_of.is_none())
                 .count()
             - f.nodes
                 .iter()
@@ -418,6 +444,56 @@ mod tests {
         // Once the control plane is current, workers follow.
         let nodes = [new("c1", "cp"), old("w1", "w"), old("w2", "w")];
         assert_eq!(plan(&facts(&groups, &nodes, &[], 3)), [create("w", 2)]);
+    }
+
+    #[test]
+    fn a_joined_node_of_unknown_image_still_counts_as_surge() {
+        let groups = [group("w", Role::Worker)];
+        let unknown = NodeFacts {
+            joining: true,
+            up_to_date: false,
+            ..old("m", "w")
+        };
+        let nodes = [old("a", "w"), old("b", "w"), unknown];
+        assert_eq!(
+            plan(&facts(&groups, &nodes, &[], 1)),
+            [],
+            "no second instance while the first is unaccounted"
+        );
+    }
+
+    #[test]
+    fn a_mint_without_a_partner_is_surplus_and_removed() {
+        let groups = [group("w", Role::Worker)];
+        let nodes = [new("a", "w"), mint("m", "w")];
+        assert_eq!(
+            plan(&facts(&groups, &nodes, &[], 1)),
+            [Step::MarkObsolete { node: "m".into() }]
+        );
+        let marked = [
+            new("a", "w"),
+            NodeFacts {
+                obsolete: true,
+                joining: false,
+                ..new("m", "w")
+            },
+        ];
+        assert_eq!(
+            plan(&facts(&groups, &marked, &[], 1)),
+            [Step::Drain { node: "m".into() }]
+        );
+        let drained = [
+            new("a", "w"),
+            NodeFacts {
+                obsolete: true,
+                drain: DrainState::Succeeded,
+                ..new("m", "w")
+            },
+        ];
+        assert_eq!(
+            plan(&facts(&groups, &drained, &[], 1)),
+            [Step::Retire { node: "m".into() }]
+        );
     }
 
     #[test]
