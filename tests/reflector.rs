@@ -236,6 +236,9 @@ async fn store_equals_list_after_apiserver_restart() {
     // Kill the API server mid-watch and start it again; change things while
     // the reflector is still cut off from the new one.
     proxy.cut();
+    // Our own direct connections go too, so the killed server's port frees up.
+    drop(nodes);
+    drop(client);
     let restarted = tokio::task::spawn_blocking(move || {
         private.restart_apiserver();
         private

@@ -56,6 +56,14 @@ PY
 # alive PID: the process exists and is not a zombie waiting to be reaped.
 alive() { [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
 
+# port_free PORT: can a listener (with SO_REUSEADDR, as Go's) bind it now?
+port_free() {
+  python3 -c 'import socket,sys
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try: s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError: sys.exit(1)' "$1"
+}
+
 # pid_of NAME: the recorded pid, if that process is still the component we started.
 pid_of() {
   local f="$run_dir/$1.pid" pid
@@ -315,6 +323,14 @@ restart_apiserver() {
   while alive "$pid"; do sleep 0.05; done
   log "killed kube-apiserver (pid $pid)"
   mv "$run_dir/kube-apiserver.log" "$run_dir/kube-apiserver.log.1" 2>/dev/null || true
+  # The killed server's connections linger (FIN_WAIT) until their peers close
+  # them; the port can be bound again only then.
+  local port i
+  port=$(cat "$run_dir/apiserver-port")
+  for i in $(seq 1 300); do
+    port_free "$port" && break
+    sleep 0.2
+  done
   start_apiserver
 }
 
