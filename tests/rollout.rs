@@ -91,6 +91,7 @@ async fn check(
     };
     let on_node = count_check.clone();
     let heirs = node_store.clone();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
     let node_breaches = breaches.clone();
     nodes.on_event(move |event| match event {
         ReflectorEvent::Deleted(node) => {
@@ -112,6 +113,22 @@ async fn check(
                     node.name_any()
                 ));
             }
+            // Its pods were evicted before (only DaemonSet pods may stay).
+            let (pods, name, breaches) = (pods.clone(), node.name_any(), node_breaches.clone());
+            tokio::spawn(async move {
+                let fields = format!("spec.nodeName={name}");
+                if let Ok(list) = pods.list(&ListParams::default().fields(&fields)).await {
+                    let left: Vec<String> = list
+                        .items
+                        .iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_none())
+                        .map(|p| p.name_any())
+                        .collect();
+                    if !left.is_empty() {
+                        breaches.add(format!("{name} deleted with pods still on it: {left:?}"));
+                    }
+                }
+            });
         }
         _ => on_node(),
     });
@@ -342,6 +359,22 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
         stop.clone(),
     ));
 
+    // An operator's label on one worker must follow it to its heir (and the next).
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let worker = nodes
+        .list(
+            &ListParams::default().labels(&format!("{},node-role.kubernetes.io/worker", env.run_selector())),
+        )
+        .await
+        .expect("listing workers")
+        .items[0]
+        .name_any();
+    let label = json!({"metadata": {"labels": {"team": "payments"}}});
+    nodes
+        .patch(&worker, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("labelling a worker");
+
     let one = roll(&r, "img-2", 1).await;
     assert_no_leak(&r).await;
     *surge.lock().unwrap_or_else(|e| e.into_inner()) = 3;
@@ -357,6 +390,27 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
         ideal(3),
         one.as_secs_f64() / three.as_secs_f64()
     );
+    let labelled = nodes
+        .list(&ListParams::default().labels(&format!("{},team=payments", env.run_selector())))
+        .await
+        .expect("listing nodes")
+        .items;
+    assert_eq!(labelled.len(), 1, "the label moved from donor to heir, twice");
+    assert_ne!(labelled[0].name_any(), worker);
+    // The drains' NodeMaintenances went with their nodes.
+    let maintenances: Api<nodewarden::api::node_maintenance::medik8s::NodeMaintenance> =
+        Api::all(env.client.clone());
+    wait_for("no NodeMaintenance left", Duration::from_secs(60), || async {
+        match maintenances
+            .list(&ListParams::default().labels(&env.run_selector()))
+            .await
+        {
+            Ok(l) if l.items.is_empty() => Probe::Done(()),
+            Ok(l) => Probe::NotYet(format!("{} left", l.items.len())),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
     let found = breaches.all();
     assert!(found.is_empty(), "invariants breached: {found:#?}");
     assert!(
