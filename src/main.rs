@@ -77,6 +77,9 @@ struct RunArgs {
     /// (`nodewarden sim-cloud`); without a cloud only maintenance runs.
     #[arg(long, env = "NODEWARDEN_SIM_CLOUD")]
     sim_cloud: Option<String>,
+    /// Create ScalingGroups following this NodeVersion for cloud groups without one.
+    #[arg(long)]
+    discover_scaling_groups: Option<String>,
     /// Path of a kubeconfig (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -130,6 +133,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             )),
             None => None,
         },
+        discover_scaling_groups: args.discover_scaling_groups,
     };
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();

@@ -47,6 +47,9 @@ pub struct OperatorConfig {
     pub workers: usize,
     /// The cloud that replaces nodes; None: no rolling replacement, only maintenance.
     pub cloud: Option<Arc<dyn CloudProvider>>,
+    /// Create ScalingGroups (following this NodeVersion) for cloud groups that
+    /// have none, while leading.
+    pub discover_scaling_groups: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -320,6 +323,7 @@ fn rollout_controllers(
 ) -> (Vec<Task>, Vec<SyncedCheck>) {
     let selector = &config.object_selector;
     let cloud_for_groups = cloud.clone();
+    let cloud_for_discovery = cloud.clone();
     let mut versions = reflector_of::<NodeVersion>(client, "nodeversions", selector);
     let mut groups = reflector_of::<ScalingGroup>(client, "scalinggroups", selector);
     let mut pending = reflector_of::<PendingNode>(client, "pendingnodes", selector);
@@ -337,6 +341,7 @@ fn rollout_controllers(
         pending.store(),
         strategies.store(),
     );
+    let group_store_for_discovery = group_store.clone();
 
     let mut version_controller = Controller::new(
         "nodeversion",
@@ -471,7 +476,21 @@ fn rollout_controllers(
         Arc::new(move || pending_store.is_synced()),
         Arc::new(move || strategy_store.is_synced()),
     ];
-    let tasks: Vec<Task> = vec![
+    let mut tasks: Vec<Task> = Vec::new();
+    if let Some(node_version) = config.discover_scaling_groups.clone() {
+        let (client, cloud, store) = (client.clone(), cloud_for_discovery, group_store_for_discovery);
+        tasks.push(Box::new(move |leader, stop| {
+            Box::pin(discover_scaling_groups(
+                client,
+                cloud,
+                store,
+                node_version,
+                leader,
+                stop,
+            ))
+        }));
+    }
+    tasks.extend::<Vec<Task>>(vec![
         Box::new(move |_, stop| Box::pin(versions.run(stop))),
         Box::new(move |_, stop| Box::pin(groups.run(stop))),
         Box::new(move |_, stop| Box::pin(pending.run(stop))),
@@ -483,6 +502,45 @@ fn rollout_controllers(
         Box::new(move |leader, stop| Box::pin(group_controller.run(leader, stop))),
         Box::new(move |leader, stop| Box::pin(strategy_controller.run(leader, stop))),
         Box::new(move |leader, stop| Box::pin(joining_controller.run(leader, stop))),
-    ];
+    ]);
     (tasks, synced)
+}
+
+/// While leading: create ScalingGroups for cloud groups that have none, at
+/// once and then every 10 minutes (Constellation runs this outside leader
+/// election; here only the leader writes).
+async fn discover_scaling_groups(
+    client: Client,
+    cloud: Arc<dyn CloudProvider>,
+    groups: Store<ScalingGroup>,
+    node_version: String,
+    leader: LeaderHandle,
+    stop: CancellationToken,
+) {
+    let mut leading = leader.subscribe();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = leading.wait_for(|l| *l) => if changed.is_err() { return },
+        }
+        if leader.is_leader() {
+            match scaling_group::discover_and_create(
+                &client,
+                cloud.as_ref(),
+                &groups,
+                &node_version,
+                &Default::default(),
+            )
+            .await
+            {
+                Ok(created) if !created.is_empty() => tracing::info!(?created, "discovered scaling groups"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "scaling group discovery failed"),
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(600)) => {}
+        }
+    }
 }

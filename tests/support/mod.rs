@@ -613,6 +613,7 @@ impl TestEnv {
             maintenance,
             workers: 8,
             cloud,
+            discover_scaling_groups: None,
         };
         let client = control_plane().client().await;
         let shutdown = tokio_util::sync::CancellationToken::new();
