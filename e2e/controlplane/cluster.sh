@@ -89,6 +89,8 @@ stop_component() {
     for i in $(seq 1 50); do alive "$pid" || break; sleep 0.1; done
   fi
   alive "$pid" && die "$name (pid $pid) is still running"
+  # Dead; give init a moment to reap it, so nothing shows in pgrep afterwards.
+  for i in $(seq 1 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
   rm -f "$run_dir/$name.pid"
   log "stopped $name (pid $pid)"
 }
