@@ -17,7 +17,6 @@
 //! `/instances/{name}` — but not `GET /instances`, `/faults` or `/healthz`,
 //! which are how tests watch and steer the sim.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -25,11 +24,8 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::faults::{Faults, Verdict};
@@ -262,35 +258,11 @@ pub async fn bind(
     sim: Arc<SimStore>,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, impl Future<Output = ()>)> {
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let serve = async move {
-        loop {
-            let (stream, _) = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting an HTTP connection failed");
-                        continue;
-                    }
-                },
-            };
-            let sim = sim.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let sim = sim.clone();
-                    async move { Ok::<_, Infallible>(handle(sim, req).await.into_response()) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "HTTP connection ended with an error");
-                }
-            });
-        }
-    };
-    Ok((local, serve))
+    crate::http::bind_with(addr, shutdown, move |req| {
+        let sim = sim.clone();
+        async move { handle(sim, req).await.into_response() }
+    })
+    .await
 }
 
 #[cfg(test)]
