@@ -52,26 +52,9 @@ async fn scheduler_places_a_deployment_on_kwok_nodes() {
     let env = TestEnv::new("deployment").await;
     let nodes = env.create_kwok_nodes(5, &[]).await;
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
-    let deployment: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {
-            "replicas": 10,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {
-                    // Only this test's nodes: parallel tests have kwok nodes too.
-                    "nodeSelector": {support::RUN_LABEL: env.id},
-                    "containers": [{"name": "web", "image": "registry.invalid/web:1"}],
-                },
-            },
-        },
-    }))
-    .expect("a deployment");
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .expect("creating the deployment");
+    // Only this test's nodes: parallel tests have kwok nodes too.
+    env.create_deployment("web", 10, json!({support::RUN_LABEL: env.id}))
+        .await;
 
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let placed = wait_for(

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -84,25 +84,8 @@ fn ready(pod: &Pod) -> bool {
 }
 
 async fn deployment(env: &TestEnv, name: &str, replicas: i32) {
-    let d: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {RUN_LABEL: env.id},
-                    "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
-                },
-            },
-        },
-    }))
-    .expect("a deployment");
-    Api::<Deployment>::namespaced(env.client.clone(), &env.namespace)
-        .create(&PostParams::default(), &d)
-        .await
-        .expect("creating a deployment");
+    env.create_deployment(name, replicas, json!({RUN_LABEL: env.id}))
+        .await;
 }
 
 async fn bare_pod(env: &TestEnv, name: &str, node: &str) {

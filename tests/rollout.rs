@@ -218,25 +218,12 @@ async fn setup(test: &str, groups: &[(&'static str, &'static str, usize)]) -> Ro
 
 /// A Deployment over the workers with a budget of one pod down at a time.
 async fn workload(env: &TestEnv, name: &str, replicas: i32) {
-    let d: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {RUN_LABEL: env.id, "node-role.kubernetes.io/worker": ""},
-                    "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
-                },
-            },
-        },
-    }))
-    .expect("a deployment");
-    Api::<Deployment>::namespaced(env.client.clone(), &env.namespace)
-        .create(&PostParams::default(), &d)
-        .await
-        .expect("creating a deployment");
+    env.create_deployment(
+        name,
+        replicas,
+        json!({RUN_LABEL: env.id, "node-role.kubernetes.io/worker": ""}),
+    )
+    .await;
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": name}}},
@@ -497,26 +484,9 @@ async fn a_new_image_mid_rollout_wins_and_the_autoscaler_is_paused_meanwhile() {
     .await;
     let env = &r.env;
     // A stand-in cluster-autoscaler Deployment and its strategy.
-    let autoscaler: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "cluster-autoscaler"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "cluster-autoscaler"}},
-            "template": {
-                "metadata": {"labels": {"app": "cluster-autoscaler"}},
-                "spec": {
-                    "nodeSelector": {RUN_LABEL: env.id},
-                    "containers": [{"name": "c", "image": "registry.invalid/autoscaler:1"}],
-                },
-            },
-        },
-    }))
-    .expect("a deployment");
+    env.create_deployment("cluster-autoscaler", 2, json!({RUN_LABEL: env.id}))
+        .await;
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
-    deployments
-        .create(&PostParams::default(), &autoscaler)
-        .await
-        .expect("creating the autoscaler");
     let strategy: nodewarden::api::update::AutoscalingStrategy = serde_json::from_value(json!({
         "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "AutoscalingStrategy",
         "metadata": {"name": env.name("autoscaling"), "labels": {RUN_LABEL: env.id}},

@@ -113,26 +113,13 @@ async fn autoscaling_strategy_pauses_and_restores_the_deployment() {
     let env = TestEnv::new("small-autoscaling").await;
     support::install_crds(&env.client).await;
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
-    let deployment: Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "cluster-autoscaler"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "cluster-autoscaler"}},
-            "template": {
-                "metadata": {"labels": {"app": "cluster-autoscaler"}},
-                "spec": {
-                    // Never scheduled: other tests' nodes stay untouched.
-                    "nodeSelector": {"nodewarden.test/nowhere": "true"},
-                    "containers": [{"name": "ca", "image": "registry.k8s.io/pause:3.10"}],
-                },
-            },
-        },
-    }))
-    .expect("a deployment");
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .expect("creating the deployment");
+    // Never scheduled: other tests' nodes stay untouched.
+    env.create_deployment(
+        "cluster-autoscaler",
+        2,
+        json!({"nodewarden.test/nowhere": "true"}),
+    )
+    .await;
 
     let mut run = Running::start(&env, "autoscaling");
     let mut strategies_r = Reflector::new(

@@ -290,6 +290,30 @@ impl TestEnv {
         }
     }
 
+    /// Creates a Deployment `name` of `replicas` pods (labelled `app: name`) in
+    /// the test's namespace, placed by `node_selector`.
+    pub async fn create_deployment(&self, name: &str, replicas: i32, node_selector: serde_json::Value) {
+        let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "nodeSelector": node_selector,
+                        "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
+                    },
+                },
+            },
+        }))
+        .expect("a deployment");
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &deployment)
+            .await
+            .expect("creating a deployment");
+    }
+
     /// Deletes the test's namespace and every cluster-scoped object carrying its run label.
     pub async fn cleanup(mut self) {
         self.cleaned = true;
