@@ -119,11 +119,7 @@ impl JoiningNodeReconciler {
             ..Default::default()
         };
         self.leader.ensure_leader()?;
-        match api.delete(&jn.name_any(), &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        super::delete_if_present(&api, &jn.name_any(), &params).await
     }
 }
 

@@ -7,3 +7,26 @@ pub mod node_version;
 pub mod pending_node;
 pub mod rollout;
 pub mod scaling_group;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams};
+
+/// Is the Node's Ready condition True?
+pub fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Deletes `name`; an object that is already gone counts as deleted.
+pub async fn delete_if_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> crate::error::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

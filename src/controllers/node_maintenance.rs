@@ -663,11 +663,7 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             }),
             ..Default::default()
         };
-        match leases.delete(&name, &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        super::delete_if_present(&leases, &name, &params).await
     }
 
     async fn ensure_namespace(&self, ns: &str) -> Result<()> {

@@ -22,6 +22,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
+use super::{delete_if_present, node_is_ready};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::update::{
@@ -79,13 +80,6 @@ fn reference(name: &str) -> ObjectReference {
         name: Some(name.into()),
         ..Default::default()
     }
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Labels an heir inherits: everything but Kubernetes' own and nodewarden's
@@ -168,7 +162,7 @@ impl Reconciler for NodeVersionReconciler {
                     node_api
                         .patch(&n.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                         .await?;
-                    delete_ignoring_missing(&pending_api, &p.name_any()).await?;
+                    delete_if_present(&pending_api, &p.name_any(), &DeleteParams::default()).await?;
                     surplus.push(n.name_any());
                 }
                 _ => joining_nodes.push(p.spec.node_name.as_str()),
@@ -198,7 +192,7 @@ impl Reconciler for NodeVersionReconciler {
                 NodeFacts {
                     group: annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string(),
                     up_to_date: current(n),
-                    ready: is_ready(n),
+                    ready: node_is_ready(n),
                     // A pairing ends when its donor is gone: the heir is then
                     // an ordinary node (and may itself be replaced later).
                     heir_of: annotation(n, DONOR_ANNOTATION)
@@ -300,7 +294,7 @@ impl NodeVersionReconciler {
                 // The heir joined: its PendingNode has done its job.
                 let pending: Api<PendingNode> = Api::all(self.client.clone());
                 for p in self.pending.list().iter().filter(|p| p.spec.node_name == *heir) {
-                    delete_ignoring_missing(&pending, &p.name_any()).await?;
+                    delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
                 }
             }
             Step::MarkObsolete { node } => {
@@ -310,7 +304,7 @@ impl NodeVersionReconciler {
                     .await?;
                 let pending: Api<PendingNode> = Api::all(self.client.clone());
                 for p in self.pending.list().iter().filter(|p| p.spec.node_name == *node) {
-                    delete_ignoring_missing(&pending, &p.name_any()).await?;
+                    delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
                 }
             }
             Step::Drain { node } => {
@@ -362,11 +356,7 @@ impl NodeVersionReconciler {
                     }),
                     ..Default::default()
                 };
-                match node_api.delete(node, &params).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e.into()),
-                }
+                delete_if_present(&node_api, node, &params).await?;
             }
             Step::Create { group, count } => {
                 let deadline = Timestamp::now()
@@ -583,16 +573,5 @@ impl NodeVersionReconciler {
         )
         .await?;
         Ok(())
-    }
-}
-
-async fn delete_ignoring_missing<K>(api: &Api<K>, name: &str) -> Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
     }
 }

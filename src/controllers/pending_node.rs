@@ -19,6 +19,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::{delete_if_present, node_is_ready};
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
 use crate::cloud::{CloudProvider, CreateNodeRequest, InstanceState};
 use crate::error::{Error, Result};
@@ -87,13 +88,6 @@ pub struct PendingNodeReconciler {
     pub nodes: Store<Node>,
 }
 
-fn node_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 impl Reconciler for PendingNodeReconciler {
     type Error = Error;
 
@@ -115,7 +109,7 @@ impl Reconciler for PendingNodeReconciler {
             }
         };
         let node = self.nodes.get(&ObjectKey::cluster(&pn.spec.node_name));
-        let ready = node.as_deref().is_some_and(node_ready);
+        let ready = node.as_deref().is_some_and(node_is_ready);
         let deadline_passed = pn.spec.deadline_passed(Timestamp::now());
         let step = decide(goal, !provider_id.is_empty(), state, ready, deadline_passed);
 
@@ -183,17 +177,10 @@ impl Reconciler for PendingNodeReconciler {
                 // A Node left behind by a gone instance goes too.
                 if node.is_some() {
                     let nodes: Api<Node> = Api::all(self.client.clone());
-                    match nodes.delete(&pn.spec.node_name, &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 404 => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                    delete_if_present(&nodes, &pn.spec.node_name, &DeleteParams::default()).await?;
                 }
-                match api.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => Ok(Action::Done),
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::Done),
-                    Err(e) => Err(e.into()),
-                }
+                delete_if_present(&api, &name, &DeleteParams::default()).await?;
+                Ok(Action::Done)
             }
         }
     }

@@ -416,13 +416,8 @@ pub fn seen<E: Debug>(err: E) -> String {
     format!("error: {err:?}")
 }
 
-/// Is the Node's Ready condition True?
-pub fn node_is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+#[allow(unused_imports)] // Not every test binary checks node readiness.
+pub use nodewarden::controllers::node_is_ready;
 
 /// A TCP proxy on loopback in front of the API server that a test can cut
 /// (every open connection dropped, new ones refused), stall (connections stay
