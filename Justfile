@@ -33,6 +33,8 @@ test: lint check-crds
     export NODEWARDEN_RUN_DIR="{{justfile_directory()}}/.run/test"
     trap 'e2e/controlplane/cluster.sh down' EXIT
     e2e/controlplane/cluster.sh up >/dev/null
+    # Jaeger (built from Go modules, cached) receives the production test's traces.
+    e2e/jaeger/build.sh >/dev/null
     cargo test --all-targets
 
 # rustfmt check and clippy with warnings denied.
@@ -75,3 +77,7 @@ check-crds:
 # Benchmarks (criterion) printing their figures.
 bench:
     cargo bench
+
+# End to end on a kind cluster (Docker, kind, kubectl): rollout with a leader kill, traces in Jaeger.
+e2e:
+    e2e/kind/run.sh

@@ -87,15 +87,28 @@ struct RunArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    nodewarden::telemetry::init_logging(cli.log_json);
     match cli.command {
-        Command::Run(args) => tokio::runtime::Runtime::new()
-            .context("starting the async runtime")?
-            .block_on(run(*args)),
+        Command::Run(mut args) => {
+            let identity = args.identity.take().unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("{}-{}", host.trim(), std::process::id())
+            });
+            let tracer = nodewarden::telemetry::trace::init(&identity)?;
+            nodewarden::telemetry::init_logging(cli.log_json, tracer);
+            let result = tokio::runtime::Runtime::new()
+                .context("starting the async runtime")?
+                .block_on(run(*args, identity));
+            // Spans still buffered go out before the process ends.
+            nodewarden::telemetry::trace::shutdown();
+            result
+        }
         Command::Crds => print_crds(),
-        Command::SimCloud(args) => tokio::runtime::Runtime::new()
-            .context("starting the async runtime")?
-            .block_on(sim_cloud(args)),
+        Command::SimCloud(args) => {
+            nodewarden::telemetry::init_logging(cli.log_json, None);
+            tokio::runtime::Runtime::new()
+                .context("starting the async runtime")?
+                .block_on(sim_cloud(args))
+        }
     }
 }
 
@@ -104,14 +117,7 @@ fn seconds(s: f64, flag: &str) -> anyhow::Result<Duration> {
         .with_context(|| format!("--{flag} must be a non-negative number of seconds"))
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let identity = match args.identity {
-        Some(id) => id,
-        None => {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            format!("{}-{}", host.trim(), std::process::id())
-        }
-    };
+async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
     let mut leader = LeaderElectionConfig::new(args.lease_namespace, args.lease_name, identity);
     leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
     leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;

@@ -15,6 +15,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use crate::api::node_maintenance::{MaintenanceObject, kubevirt, medik8s};
 use crate::api::update::{AutoscalingStrategy, JoiningNode, NodeVersion, PendingNode, ScalingGroup};
 use crate::cloud::CloudProvider;
+use crate::cloud::metered::MeteredCloud;
 use crate::controllers::autoscaling_strategy::{self, AutoscalingStrategyReconciler};
 use crate::controllers::joining_node::{self, JoiningNodeReconciler};
 use crate::controllers::node_maintenance::{
@@ -118,6 +119,7 @@ pub async fn run(
         claims_of(medik8s_store.clone(), kubevirt_store.clone()),
         all_claims(medik8s_store.clone(), kubevirt_store.clone()),
         config.maintenance.clone(),
+        metrics.clone(),
     ));
     let controller_config = ControllerConfig {
         workers: config.workers,
@@ -143,9 +145,10 @@ pub async fn run(
     let mut rollout_tasks = Vec::new();
     let mut rollout_synced: Vec<SyncedCheck> = Vec::new();
     if let Some(cloud) = &config.cloud {
+        let cloud: Arc<dyn CloudProvider> = Arc::new(MeteredCloud::new(cloud.clone(), metrics.clone()));
         let (tasks, synced) = rollout_controllers(
             &client,
-            cloud.clone(),
+            cloud,
             &leader,
             &config,
             &mut nodes,
@@ -355,6 +358,7 @@ fn rollout_controllers(
             pending: pending_store.clone(),
             maintenances: maintenances.store(),
             strategies: strategy_store.clone(),
+            metrics: metrics.clone(),
         },
         controller_config.clone(),
         metrics.clone(),

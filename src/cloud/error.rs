@@ -76,6 +76,22 @@ impl CloudError {
         matches!(self, CloudError::NotFound { .. })
     }
 
+    /// The variant as a metric label: `not_found`, `throttled`, ...
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CloudError::NotFound { .. } => "not_found",
+            CloudError::Throttled { .. } => "throttled",
+            CloudError::Server { .. } => "server",
+            CloudError::Transport(_) => "transport",
+            CloudError::Timeout { .. } => "timeout",
+            CloudError::Rejected { .. } => "rejected",
+            CloudError::InvalidProviderId { .. } => "invalid_provider_id",
+            CloudError::InvalidResponse(_) => "invalid_response",
+            CloudError::Config(_) => "config",
+            CloudError::Unsupported { .. } => "unsupported",
+        }
+    }
+
     /// Every cloud failure is one category for Events and the error metric;
     /// the variant is in the message.
     pub fn category(&self) -> Category {

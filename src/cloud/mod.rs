@@ -15,6 +15,7 @@
 //!   cloud, not of Kubernetes).
 
 pub mod error;
+pub mod metered;
 pub mod sim;
 pub mod simcloud;
 

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node, Taint};
@@ -32,6 +32,10 @@ use crate::runtime::leader::LeaderHandle;
 use crate::runtime::rate_limiter::lock;
 use crate::runtime::store::{ObjectKey, Store};
 use crate::runtime::workqueue::WorkQueue;
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::ResultLabels;
+use crate::telemetry::trace::{self, SpanRecord};
+use opentelemetry::KeyValue;
 
 pub const FINALIZER: &str = "nodewarden.dev/node-maintenance";
 pub const DRAIN_TAINT: &str = "medik8s.io/drain";
@@ -309,6 +313,7 @@ pub struct MaintenanceContext {
     pub claims_of: ClaimsOf,
     pub all_claims: AllClaims,
     pub config: MaintenanceConfig,
+    pub metrics: Metrics,
     /// Owners admitted under the concurrency limit (rebuilt from the stores).
     admitted: Mutex<BTreeSet<String>>,
 }
@@ -324,8 +329,10 @@ impl MaintenanceContext {
         claims_of: ClaimsOf,
         all_claims: AllClaims,
         config: MaintenanceConfig,
+        metrics: Metrics,
     ) -> Self {
         MaintenanceContext {
+            metrics,
             client,
             leader,
             engine,
@@ -484,6 +491,11 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
             let patch = json!({"status": status});
             api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
+            let ended = matches!(phase, MaintenancePhase::Succeeded | MaintenancePhase::Failed)
+                && prev.and_then(|p| p.phase) != Some(phase);
+            if let (true, Some(d)) = (ended, &drain) {
+                self.drain_ended(obj.as_ref(), &node_name, phase, d).await;
+            }
             if let Some((type_, reason)) = phase_event(prev.and_then(|p| p.phase), phase) {
                 let note = match &decision {
                     Decision::Fail { message, .. } => message.clone(),
@@ -498,6 +510,9 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
                     .await;
             }
         }
+        let (running, blocked) = self.ctx.engine.counts();
+        self.ctx.metrics.drains_running.set(running as i64);
+        self.ctx.metrics.drains_blocked.set(blocked as i64);
         Ok(match (&decision, phase) {
             (Decision::Wait { .. }, _) => Action::RequeueAfter(Duration::from_secs(5)),
             // Renew the per-node lease well before it runs out.
@@ -510,6 +525,65 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
 }
 
 impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
+    /// The drain ended: its duration, and its span when the maintenance is
+    /// part of a traced node replacement (evictions as events). Measured from
+    /// the object's creation, so a drain a new leader finished counts whole.
+    async fn drain_ended(&self, obj: &M, node: &str, phase: MaintenancePhase, drain: &DrainStatus) {
+        let end = SystemTime::now();
+        let start = obj
+            .meta()
+            .creation_timestamp
+            .as_ref()
+            .map(|t| SystemTime::from(t.0))
+            .unwrap_or(end);
+        let result = if phase == MaintenancePhase::Succeeded {
+            "succeeded"
+        } else {
+            "failed"
+        };
+        self.ctx
+            .metrics
+            .drain_duration
+            .get_or_create(&ResultLabels {
+                result: result.to_string(),
+            })
+            .observe(end.duration_since(start).unwrap_or_default().as_secs_f64());
+        let Some((tp, _)) = trace::from_annotations(obj.meta().annotations.as_ref()) else {
+            return;
+        };
+        let mut record = SpanRecord::new("drain", start, end)
+            .attr("k8s.node.name", node.to_string())
+            .attr("nodewarden.nodemaintenance", obj.name_any())
+            .attr("nodewarden.pods.total", i64::from(drain.progress.total_pods))
+            .attr(
+                "nodewarden.pods.to_evict",
+                i64::from(drain.progress.eviction_pods),
+            )
+            .attr("nodewarden.pods.forced", i64::from(drain.progress.forced))
+            // Evictions before a leader change were another replica's: not events here.
+            .attr(
+                "nodewarden.resumed",
+                drain.pod_events.len() < drain.progress.eviction_pods as usize,
+            );
+        record.events = drain
+            .pod_events
+            .iter()
+            .map(|e| {
+                opentelemetry::trace::Event::new(
+                    e.what,
+                    e.at,
+                    vec![KeyValue::new("k8s.pod", e.pod.clone())],
+                    0,
+                )
+            })
+            .collect();
+        if phase == MaintenancePhase::Failed {
+            record.error = drain.progress.last_error.clone().or(Some("drain failed".into()));
+        }
+        trace::emit_phase(&tp, record);
+        trace::flush(Duration::from_secs(2)).await;
+    }
+
     /// Deleted: stop the drain, undo our changes, release the lease, let go.
     async fn leave(&self, api: &Api<M>, obj: &M, owner: &str, node_name: &str) -> Result<()> {
         self.ctx.engine.stop(node_name, owner);
@@ -875,6 +949,7 @@ mod tests {
                 forced: 0,
             },
             started: tokio::time::Instant::now(),
+            pod_events: Vec::new(),
         }
     }
 

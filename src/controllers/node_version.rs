@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -34,6 +35,12 @@ use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::store::{ObjectKey, Store};
+use crate::telemetry::Metrics;
+use crate::telemetry::metrics::{NodeStateLabels, NodeVersionLabels};
+use crate::telemetry::trace::{
+    self, REPLACE_NODE, ROLLOUT, ROLLOUT_TRACEPARENT_ANNOTATION, SpanRecord, TRACE_STARTED_ANNOTATION,
+    TRACEPARENT_ANNOTATION, TraceParent,
+};
 
 pub const GROUP_ANNOTATION: &str = "constellation.edgeless.systems/scaling-group-id";
 pub const IMAGE_ANNOTATION: &str = "constellation.edgeless.systems/node-image";
@@ -51,6 +58,11 @@ pub const PAUSED_BY_ANNOTATION: &str = "nodewarden.dev/paused-by";
 pub const DRAIN_PREFIX: &str = "nodewarden-replace-";
 /// How long a leaving instance is tracked.
 const LEAVE_DEADLINE_SECS: i64 = 600;
+/// On a PendingNode: when the cloud accepted the create (RFC 3339), where
+/// waiting for the join begins.
+pub const CREATED_AT_ANNOTATION: &str = "nodewarden.dev/instance-created-at";
+/// How long a finished trace may take to leave before work goes on.
+pub const TRACE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The name of the NodeMaintenance that drains `node` for a rollout.
 pub fn drain_name(node: &str) -> String {
@@ -67,6 +79,7 @@ pub struct NodeVersionReconciler {
     pub pending: Store<PendingNode>,
     pub maintenances: Store<medik8s::NodeMaintenance>,
     pub strategies: Store<AutoscalingStrategy>,
+    pub metrics: Metrics,
 }
 
 fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -103,6 +116,7 @@ impl Reconciler for NodeVersionReconciler {
 
     async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
         let Some(nv) = self.versions.get(key) else {
+            self.forget_metrics(&key.name);
             return Ok(Action::Done);
         };
         let nv_name = nv.name_any();
@@ -157,6 +171,13 @@ impl Reconciler for NodeVersionReconciler {
             .filter(|p| p.spec.goal == Some(PendingNodeGoal::Join))
         {
             match nodes.iter().find(|n| n.name_any() == p.spec.node_name) {
+                // Paired already (a leader died between pairing and deleting
+                // the PendingNode): finish that. Counting it as joining would
+                // make the heir a fresh mint again once its donor is gone, and
+                // pair it with a second donor.
+                Some(n) if annotation(n, DONOR_ANNOTATION).is_some() => {
+                    delete_if_present(&pending_api, &p.name_any(), &DeleteParams::default()).await?;
+                }
                 Some(n) if annotation(n, IMAGE_ANNOTATION).is_some() && !current(n) => {
                     let patch = json!({"metadata": {"annotations": {OBSOLETE_ANNOTATION: "true"}}});
                     node_api
@@ -227,10 +248,12 @@ impl Reconciler for NodeVersionReconciler {
         };
         let steps = rollout::plan(&facts);
         let counts = rollout::counts(&facts);
+        let rollout_trace = self.trace_rollout(&nv, &counts).await?;
         for step in &steps {
             tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
-            self.carry_out(&nv, step, &nodes).await?;
+            self.carry_out(&nv, step, &nodes, rollout_trace).await?;
         }
+        self.record_metrics(&nv, &counts, !steps.is_empty());
         self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
         self.write_status(&nv, &facts, &counts, &steps).await?;
         Ok(Action::Done)
@@ -269,7 +292,13 @@ impl NodeVersionReconciler {
         Ok(())
     }
 
-    async fn carry_out(&self, nv: &NodeVersion, step: &Step, nodes: &[Arc<Node>]) -> Result<()> {
+    async fn carry_out(
+        &self,
+        nv: &NodeVersion,
+        step: &Step,
+        nodes: &[Arc<Node>],
+        rollout_trace: Option<TraceParent>,
+    ) -> Result<()> {
         let node_api: Api<Node> = Api::all(self.client.clone());
         let find = |name: &str| nodes.iter().find(|n| n.name_any() == name).cloned();
         match step {
@@ -277,20 +306,63 @@ impl NodeVersionReconciler {
                 let Some(donor_node) = find(donor) else {
                     return Ok(());
                 };
+                let joined = self
+                    .pending
+                    .list()
+                    .into_iter()
+                    .find(|p| p.spec.node_name == *heir);
+                let replacement = joined
+                    .as_ref()
+                    .and_then(|p| trace::from_annotations(p.metadata.annotations.as_ref()));
+                if let (Some((tp, _)), Some(p), Some(heir_node)) = (replacement, &joined, find(heir)) {
+                    trace_join(&tp, p, &heir_node);
+                    // Sent before the pairing is recorded: a successor does
+                    // not emit these phases again.
+                    trace::flush(TRACE_FLUSH_TIMEOUT).await;
+                }
+                let transfer_started = SystemTime::now();
                 let mut labels: BTreeMap<String, Option<String>> = inheritable_labels(&donor_node)
                     .into_iter()
                     .map(|(k, v)| (k, Some(v)))
                     .collect();
                 labels.retain(|_, v| v.is_some());
-                let heir_patch =
-                    json!({"metadata": {"labels": labels, "annotations": {DONOR_ANNOTATION: donor}}});
+                // The replacement's trace moves from the PendingNode to both nodes.
+                let carried: BTreeMap<&str, &String> = joined
+                    .as_ref()
+                    .and_then(|p| p.metadata.annotations.as_ref())
+                    .map(|a| {
+                        [
+                            TRACEPARENT_ANNOTATION,
+                            TRACE_STARTED_ANNOTATION,
+                            ROLLOUT_TRACEPARENT_ANNOTATION,
+                        ]
+                        .into_iter()
+                        .filter_map(|k| a.get(k).map(|v| (k, v)))
+                        .collect()
+                    })
+                    .unwrap_or_default();
+                let mut heir_annotations = json!(carried);
+                heir_annotations[DONOR_ANNOTATION] = json!(donor);
+                let heir_patch = json!({"metadata": {"labels": labels, "annotations": heir_annotations}});
                 node_api
                     .patch(heir, &PatchParams::default(), &Patch::Merge(&heir_patch))
                     .await?;
-                let donor_patch = json!({"metadata": {"annotations": {HEIR_ANNOTATION: heir}}});
+                let mut donor_annotations = json!(carried);
+                donor_annotations[HEIR_ANNOTATION] = json!(heir);
+                let donor_patch = json!({"metadata": {"annotations": donor_annotations}});
                 node_api
                     .patch(donor, &PatchParams::default(), &Patch::Merge(&donor_patch))
                     .await?;
+                if let Some((tp, _)) = replacement {
+                    trace::emit_phase(
+                        &tp,
+                        SpanRecord::new("transfer labels", transfer_started, SystemTime::now())
+                            .attr("k8s.node.name", heir.clone())
+                            .attr("nodewarden.donor", donor.clone())
+                            .attr("nodewarden.labels", labels.len() as i64),
+                    );
+                    trace::flush(TRACE_FLUSH_TIMEOUT).await;
+                }
                 // The heir joined: its PendingNode has done its job.
                 let pending: Api<PendingNode> = Api::all(self.client.clone());
                 for p in self.pending.list().iter().filter(|p| p.spec.node_name == *heir) {
@@ -318,7 +390,11 @@ impl NodeVersionReconciler {
                     "kind": "NodeMaintenance",
                     // The NodeVersion's labels: an operator scoped by an object
                     // selector sees the maintenances its rollouts create.
-                    "metadata": {"name": drain_name(node), "labels": nv.labels()},
+                    "metadata": {
+                        "name": drain_name(node),
+                        "labels": nv.labels(),
+                        "annotations": drain_annotations(find(node).as_deref()),
+                    },
                     "spec": spec,
                 }))?;
                 if self
@@ -341,13 +417,24 @@ impl NodeVersionReconciler {
                     .and_then(|s| s.provider_id.clone())
                     .unwrap_or_default();
                 let group = annotation(&n, GROUP_ANNOTATION).unwrap_or_default().to_string();
+                let replacement = trace::from_annotations(n.metadata.annotations.as_ref());
                 // Track the leaving instance first, so it is deleted even if we die now.
                 self.track_leave(node, &provider_id, &group).await?;
                 self.leader.ensure_leader()?;
-                match self.cloud.delete_node(&provider_id).await {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() => {}
+                let deleting_instance = SystemTime::now();
+                let known = match self.cloud.delete_node(&provider_id).await {
+                    Ok(()) => true,
+                    Err(e) if e.is_not_found() => false,
                     Err(e) => return Err(e.into()),
+                };
+                let deleting_node = SystemTime::now();
+                if let Some((tp, _)) = replacement {
+                    trace::emit_phase(
+                        &tp,
+                        SpanRecord::new("delete instance", deleting_instance, deleting_node)
+                            .attr("nodewarden.provider_id", provider_id.clone())
+                            .attr("nodewarden.instance_known", known),
+                    );
                 }
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {
@@ -357,6 +444,7 @@ impl NodeVersionReconciler {
                     ..Default::default()
                 };
                 delete_if_present(&node_api, node, &params).await?;
+                self.finish_replacement(nv, &n, &group, deleting_node).await;
             }
             Step::Create { group, count } => {
                 let deadline = Timestamp::now()
@@ -366,7 +454,7 @@ impl NodeVersionReconciler {
                     )
                     .unwrap_or(Timestamp::now());
                 for _ in 0..*count {
-                    self.create_instance(nv, group, deadline).await?;
+                    self.create_instance(nv, group, deadline, rollout_trace).await?;
                 }
             }
         }
@@ -376,13 +464,30 @@ impl NodeVersionReconciler {
     /// A PendingNode first (its name is the cloud call's idempotency key),
     /// then the instance; the PendingNode controller finishes a create that
     /// was interrupted.
-    async fn create_instance(&self, nv: &NodeVersion, group: &str, deadline: Timestamp) -> Result<()> {
+    async fn create_instance(
+        &self,
+        nv: &NodeVersion,
+        group: &str,
+        deadline: Timestamp,
+        rollout_trace: Option<TraceParent>,
+    ) -> Result<()> {
         let pending: Api<PendingNode> = Api::all(self.client.clone());
         let name = format!("join-{:08x}", rand::random::<u32>());
+        // The replacement's trace begins here; its context rides on the objects.
+        let started = SystemTime::now();
+        let replacement = TraceParent::new_root();
+        let mut annotations = BTreeMap::from([
+            (TRACEPARENT_ANNOTATION.to_string(), replacement.header()),
+            (TRACE_STARTED_ANNOTATION.to_string(), trace::format_time(started)),
+        ]);
+        if let Some(r) = rollout_trace {
+            annotations.insert(ROLLOUT_TRACEPARENT_ANNOTATION.to_string(), r.header());
+        }
         let pn = PendingNode {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 labels: Some(nv.labels().clone()),
+                annotations: Some(annotations),
                 ..Default::default()
             },
             spec: PendingNodeSpec {
@@ -403,11 +508,191 @@ impl NodeVersionReconciler {
                 request_id: Some(name.clone()),
             })
             .await?;
-        let patch = json!({"spec": {"providerID": created.provider_id, "nodeName": created.node_name}});
+        let accepted = SystemTime::now();
+        trace_create(
+            &replacement,
+            started,
+            accepted,
+            group,
+            &name,
+            &created.provider_id,
+            false,
+        );
+        trace::flush(TRACE_FLUSH_TIMEOUT).await;
+        let patch = json!({
+            "metadata": {"annotations": {CREATED_AT_ANNOTATION: trace::format_time(accepted)}},
+            "spec": {"providerID": created.provider_id, "nodeName": created.node_name},
+        });
         pending
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         Ok(())
+    }
+
+    /// The old node and its instance are gone: the replacement's root span,
+    /// sent before anything else happens (a replica killed now has sent it).
+    async fn finish_replacement(&self, nv: &NodeVersion, donor: &Node, group: &str, deleting: SystemTime) {
+        let nv_name = nv.name_any();
+        self.metrics
+            .replacements
+            .get_or_create(&NodeVersionLabels {
+                nodeversion: nv_name.clone(),
+            })
+            .inc();
+        let Some((tp, started)) = trace::from_annotations(donor.metadata.annotations.as_ref()) else {
+            return;
+        };
+        let now = SystemTime::now();
+        let name = donor.name_any();
+        trace::emit_phase(
+            &tp,
+            SpanRecord::new("delete node", deleting, now).attr("k8s.node.name", name.clone()),
+        );
+        let role = self
+            .groups
+            .list()
+            .iter()
+            .find(|g| g.spec.group_id == group)
+            .map(|g| {
+                if g.spec.is_control_plane() {
+                    "control-plane"
+                } else {
+                    "worker"
+                }
+            })
+            .unwrap_or("unknown");
+        let started = started.unwrap_or(now);
+        trace::emit_root(
+            &tp,
+            SpanRecord::new(REPLACE_NODE, started, now)
+                .attr("k8s.node.name", name.clone())
+                .attr(
+                    "nodewarden.heir",
+                    annotation(donor, HEIR_ANNOTATION).unwrap_or_default().to_string(),
+                )
+                .attr("nodewarden.scaling_group", group.to_string())
+                .attr("nodewarden.role", role)
+                .attr(
+                    "nodewarden.image.old",
+                    annotation(donor, IMAGE_ANNOTATION)
+                        .unwrap_or_default()
+                        .to_string(),
+                )
+                .attr("nodewarden.image.new", nv.spec.image.clone())
+                .attr("nodewarden.nodeversion", nv_name.clone())
+                .link(trace::rollout_of(donor.metadata.annotations.as_ref())),
+        );
+        trace::flush(TRACE_FLUSH_TIMEOUT).await;
+        tracing::info!(
+            trace_id = %tp.trace_id,
+            node = %name,
+            heir = annotation(donor, HEIR_ANNOTATION).unwrap_or_default(),
+            nodeversion = %nv_name,
+            seconds = now.duration_since(started).unwrap_or_default().as_secs_f64(),
+            "node replacement finished"
+        );
+    }
+
+    /// One trace per rollout: started (on the NodeVersion) when nodes are
+    /// outdated, its root span sent when none are left. Returns the trace
+    /// replacements link to.
+    async fn trace_rollout(&self, nv: &NodeVersion, counts: &rollout::Counts) -> Result<Option<TraceParent>> {
+        let api: Api<NodeVersion> = Api::all(self.client.clone());
+        let current = trace::from_annotations(nv.metadata.annotations.as_ref());
+        match (current, counts.outdated > 0) {
+            (Some((tp, _)), true) => Ok(Some(tp)),
+            (None, true) => {
+                let tp = TraceParent::new_root();
+                let patch = json!({"metadata": {"annotations": {
+                    TRACEPARENT_ANNOTATION: tp.header(),
+                    TRACE_STARTED_ANNOTATION: trace::format_time(SystemTime::now()),
+                }}});
+                api.patch(&nv.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                Ok(Some(tp))
+            }
+            (Some((tp, started)), false) => {
+                let now = SystemTime::now();
+                let started = started.unwrap_or(now);
+                trace::emit_root(
+                    &tp,
+                    SpanRecord::new(ROLLOUT, started, now)
+                        .attr("nodewarden.nodeversion", nv.name_any())
+                        .attr("nodewarden.image.new", nv.spec.image.clone())
+                        .attr("nodewarden.nodes", counts.nodes as i64),
+                );
+                trace::flush(TRACE_FLUSH_TIMEOUT).await;
+                let patch = json!({"metadata": {"annotations": {
+                    TRACEPARENT_ANNOTATION: null,
+                    TRACE_STARTED_ANNOTATION: null,
+                }}});
+                api.patch(&nv.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                tracing::info!(
+                    trace_id = %tp.trace_id,
+                    nodeversion = %nv.name_any(),
+                    seconds = now.duration_since(started).unwrap_or_default().as_secs_f64(),
+                    "rollout finished"
+                );
+                Ok(None)
+            }
+            (None, false) => Ok(None),
+        }
+    }
+
+    fn record_metrics(&self, nv: &NodeVersion, counts: &rollout::Counts, stepped: bool) {
+        let nodeversion = nv.name_any();
+        for (state, n) in [
+            ("up_to_date", counts.up_to_date),
+            ("outdated", counts.outdated),
+            ("replacing", counts.surge + counts.unavailable),
+        ] {
+            let labels = NodeStateLabels {
+                nodeversion: nodeversion.clone(),
+                state: state.to_string(),
+            };
+            let before = self.metrics.nodes.get_or_create(&labels).set(n as i64);
+            if before != n as i64 && state != "replacing" {
+                self.mark_progress(&nodeversion);
+            }
+        }
+        let ratio = if counts.nodes == 0 {
+            1.0
+        } else {
+            counts.up_to_date as f64 / counts.nodes as f64
+        };
+        let labels = NodeVersionLabels { nodeversion };
+        self.metrics.rollout_progress.get_or_create(&labels).set(ratio);
+        if stepped || self.metrics.rollout_last_progress.get(&labels).is_none() {
+            self.mark_progress(&labels.nodeversion);
+        }
+    }
+
+    fn mark_progress(&self, nodeversion: &str) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.metrics
+            .rollout_last_progress
+            .get_or_create(&NodeVersionLabels {
+                nodeversion: nodeversion.to_string(),
+            })
+            .set(now);
+    }
+
+    fn forget_metrics(&self, nodeversion: &str) {
+        let labels = NodeVersionLabels {
+            nodeversion: nodeversion.to_string(),
+        };
+        self.metrics.rollout_progress.remove(&labels);
+        self.metrics.rollout_last_progress.remove(&labels);
+        for state in ["up_to_date", "outdated", "replacing"] {
+            self.metrics.nodes.remove(&NodeStateLabels {
+                nodeversion: nodeversion.to_string(),
+                state: state.to_string(),
+            });
+        }
     }
 
     async fn track_leave(&self, node: &str, provider_id: &str, group: &str) -> Result<()> {
@@ -574,4 +859,70 @@ impl NodeVersionReconciler {
         .await?;
         Ok(())
     }
+}
+
+/// The annotations a rollout's NodeMaintenance carries: the replacement's
+/// trace, so the drain is a phase of it.
+fn drain_annotations(node: Option<&Node>) -> BTreeMap<String, String> {
+    node.and_then(|n| n.metadata.annotations.as_ref())
+        .and_then(|a| a.get(TRACEPARENT_ANNOTATION))
+        .map(|tp| BTreeMap::from([(TRACEPARENT_ANNOTATION.to_string(), tp.clone())]))
+        .unwrap_or_default()
+}
+
+/// The "create instance" phase: from the PendingNode to the cloud's answer.
+pub fn trace_create(
+    tp: &TraceParent,
+    started: SystemTime,
+    accepted: SystemTime,
+    group: &str,
+    request_id: &str,
+    provider_id: &str,
+    resumed: bool,
+) {
+    trace::emit_phase(
+        tp,
+        SpanRecord::new("create instance", started, accepted)
+            .attr("nodewarden.scaling_group", group.to_string())
+            .attr("nodewarden.request_id", request_id.to_string())
+            .attr("nodewarden.provider_id", provider_id.to_string())
+            .attr("nodewarden.resumed", resumed),
+    );
+}
+
+/// "wait for join" (cloud accepted → Node object) and "wait ready" (Node →
+/// Ready), from the timestamps the objects keep, so any replica can emit them.
+fn trace_join(tp: &TraceParent, pending: &PendingNode, heir: &Node) {
+    let accepted = pending
+        .annotations()
+        .get(CREATED_AT_ANNOTATION)
+        .and_then(|s| trace::parse_time(s));
+    let Some(joined) = heir
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| SystemTime::from(t.0))
+    else {
+        return;
+    };
+    let ready = heir
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| SystemTime::from(t.0).max(joined))
+        .unwrap_or_else(SystemTime::now);
+    if let Some(accepted) = accepted {
+        trace::emit_phase(
+            tp,
+            SpanRecord::new("wait for join", accepted, joined.max(accepted))
+                .attr("k8s.node.name", heir.name_any())
+                .attr("nodewarden.provider_id", pending.spec.provider_id.clone()),
+        );
+    }
+    trace::emit_phase(
+        tp,
+        SpanRecord::new("wait ready", joined, ready).attr("k8s.node.name", heir.name_any()),
+    );
 }

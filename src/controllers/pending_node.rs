@@ -19,6 +19,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::node_version::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
 use super::{delete_if_present, node_is_ready};
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
 use crate::cloud::{CloudProvider, CreateNodeRequest, InstanceState};
@@ -26,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::store::{ObjectKey, Store};
+use crate::telemetry::trace;
 
 const POLL: Duration = Duration::from_secs(1);
 const LEAVE_DEADLINE_SECS: i64 = 600;
@@ -130,8 +132,19 @@ impl Reconciler for PendingNodeReconciler {
                         request_id: Some(name.clone()),
                     })
                     .await?;
-                let patch =
-                    json!({"spec": {"providerID": created.provider_id, "nodeName": created.node_name}});
+                // A create the previous leader began: its phase of the trace
+                // ends now, in the same trace.
+                let accepted = std::time::SystemTime::now();
+                if let Some((tp, started)) = trace::from_annotations(pn.metadata.annotations.as_ref()) {
+                    let started = started.unwrap_or(accepted);
+                    let group = &pn.spec.group_id;
+                    trace_create(&tp, started, accepted, group, &name, &created.provider_id, true);
+                    trace::flush(TRACE_FLUSH_TIMEOUT).await;
+                }
+                let patch = json!({
+                    "metadata": {"annotations": {CREATED_AT_ANNOTATION: trace::format_time(accepted)}},
+                    "spec": {"providerID": created.provider_id, "nodeName": created.node_name},
+                });
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
                 Ok(Action::RequeueAfter(POLL))

@@ -99,6 +99,21 @@ pub struct DrainStatus {
     pub outcome: DrainOutcome,
     pub progress: DrainProgress,
     pub started: Instant,
+    /// What happened to each pod, in order (at most [`MAX_POD_EVENTS`]): the
+    /// drain's trace span carries them as events.
+    pub pod_events: Vec<PodEvent>,
+}
+
+/// Evictions, refusals and forced deletions recorded for a drain's trace.
+pub const MAX_POD_EVENTS: usize = 128;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodEvent {
+    pub at: std::time::SystemTime,
+    /// `evicted`, `eviction refused` or `deleted`.
+    pub what: &'static str,
+    /// namespace/name
+    pub pod: String,
 }
 
 /// Called whenever a drain's status changes (e.g. to enqueue its owner).
@@ -144,6 +159,7 @@ impl DrainEngine {
             outcome: DrainOutcome::Running,
             progress: DrainProgress::default(),
             started: Instant::now(),
+            pod_events: Vec::new(),
         }));
         let cancel = CancellationToken::new();
         let run = DrainRun {
@@ -174,6 +190,18 @@ impl DrainEngine {
         {
             d.cancel.cancel();
         }
+    }
+
+    /// Drains running, and of those how many a PodDisruptionBudget holds up.
+    pub fn counts(&self) -> (usize, usize) {
+        let drains = lock(&self.drains);
+        let statuses: Vec<DrainStatus> = drains.values().map(|d| lock(&d.status).clone()).collect();
+        let running: Vec<&DrainStatus> = statuses
+            .iter()
+            .filter(|s| s.outcome == DrainOutcome::Running)
+            .collect();
+        let blocked = running.iter().filter(|s| !s.progress.blocked.is_empty()).count();
+        (running.len(), blocked)
     }
 
     /// Stops every drain (leadership lost, shutdown).
@@ -343,21 +371,36 @@ impl DrainRun {
             .collect()
             .await;
         let mut round = Round::default();
+        let mut events = Vec::new();
         for (pod, result) in results {
+            let r = reference(&pod);
+            let name = format!("{}/{}", r.namespace, r.name);
             match result {
-                Ok(()) => {}
+                Ok(()) => events.push(("evicted", name)),
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 // 429: a PodDisruptionBudget allows no disruption right now.
-                Err(kube::Error::Api(s)) if s.code == 429 => round.blocked.push(pod),
-                Err(e) => {
-                    let r = reference(&pod);
-                    round
-                        .errors
-                        .push(format!("evicting {}/{}: {e}", r.namespace, r.name));
+                Err(kube::Error::Api(s)) if s.code == 429 => {
+                    events.push(("eviction refused", name));
+                    round.blocked.push(pod)
                 }
+                Err(e) => round.errors.push(format!("evicting {name}: {e}")),
             }
         }
+        self.record(events);
         round
+    }
+
+    /// Keeps pod events for the trace: each eviction, and a pod's first refusal.
+    fn record(&self, events: Vec<(&'static str, String)>) {
+        let at = std::time::SystemTime::now();
+        let mut status = lock(&self.status);
+        for (what, pod) in events {
+            let seen = what == "eviction refused"
+                && status.pod_events.iter().any(|e| e.what == what && e.pod == pod);
+            if !seen && status.pod_events.len() < MAX_POD_EVENTS {
+                status.pod_events.push(PodEvent { at, what, pod });
+            }
+        }
     }
 
     /// After the timeout with policy DeletePods: delete, bypassing budgets
@@ -371,7 +414,10 @@ impl DrainRun {
             let r = reference(pod);
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
             match api.delete(&r.name, &DeleteParams::default()).await {
-                Ok(_) => round.forced += 1,
+                Ok(_) => {
+                    round.forced += 1;
+                    self.record(vec![("deleted", format!("{}/{}", r.namespace, r.name))]);
+                }
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => round
                     .errors

@@ -28,7 +28,7 @@ use super::store::ObjectKey;
 use super::workqueue::WorkQueue;
 use crate::error::Categorized;
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::{ControllerLabels, ErrorLabels};
+use crate::telemetry::metrics::{ControllerLabels, ErrorLabels, TraceLabels};
 
 /// What a successful reconcile asks for next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,10 +173,14 @@ impl<R: Reconciler> Controller<R> {
                     r = reconciler.reconcile(&key).instrument(span.clone()) => r,
                 };
                 metrics.reconciles.get_or_create(&labels).inc();
-                metrics
-                    .reconcile_duration
-                    .get_or_create(&labels)
-                    .observe(started.elapsed().as_secs_f64());
+                let exemplar = span
+                    .in_scope(crate::telemetry::trace::current_trace_id)
+                    .map(|trace_id| TraceLabels { trace_id });
+                metrics.reconcile_duration.get_or_create(&labels).observe(
+                    started.elapsed().as_secs_f64(),
+                    exemplar,
+                    None,
+                );
                 match result {
                     Ok(Action::Done) => queue.forget(&key),
                     Ok(Action::RequeueAfter(after)) => {

@@ -1,12 +1,16 @@
 //! Logging setup.
 
+use opentelemetry_sdk::trace::SdkTracer;
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 /// Installs the global tracing subscriber: human-readable logs to stderr, or
-/// JSON lines when `json` is set. The level comes from `RUST_LOG` (default info).
-pub fn init_logging(json: bool) {
+/// JSON lines when `json` is set. The level comes from `RUST_LOG` (default
+/// info). With a `tracer` (trace export configured), spans also go to
+/// OpenTelemetry.
+pub fn init_logging(json: bool, tracer: Option<SdkTracer>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let registry = tracing_subscriber::registry().with(filter);
+    let otel = tracer.map(|t| tracing_opentelemetry::layer().with_tracer(t));
+    let registry = tracing_subscriber::registry().with(filter).with(otel);
     if json {
         let _ = registry
             .with(fmt::layer().json().with_writer(std::io::stderr))

@@ -2,9 +2,11 @@
 //! at `/metrics` in OpenMetrics text.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -24,11 +26,61 @@ pub struct ErrorLabels {
     pub category: String,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+/// An exemplar's labels: the trace of the observed reconcile.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TraceLabels {
+    pub trace_id: String,
+}
 
-fn reconcile_histogram() -> Histogram {
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeVersionLabels {
+    pub nodeversion: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeStateLabels {
+    pub nodeversion: String,
+    /// `up_to_date`, `outdated` or `replacing`.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `succeeded` or `failed`.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloudLabels {
+    pub provider: String,
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloudErrorLabels {
+    pub provider: String,
+    pub operation: String,
+    pub category: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+type ExemplarHistogramFamily<L> =
+    Family<L, HistogramWithExemplars<TraceLabels>, fn() -> HistogramWithExemplars<TraceLabels>>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+fn reconcile_histogram() -> HistogramWithExemplars<TraceLabels> {
     // 1 ms .. ~65 s
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+    HistogramWithExemplars::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+fn drain_histogram() -> Histogram {
+    // 1 s .. ~1.1 h
+    Histogram::new(exponential_buckets(1.0, 2.0, 13))
+}
+
+fn cloud_histogram() -> Histogram {
+    // 5 ms .. ~80 s
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
 }
 
 /// Every metric nodewarden exports. Cheap to clone.
@@ -38,9 +90,25 @@ pub struct Metrics {
     pub queue: QueueMetrics,
     pub reconciles: Family<ControllerLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
-    pub reconcile_duration: HistogramFamily<ControllerLabels>,
+    /// Exemplars carry the reconcile span's trace id (when traces are exported).
+    pub reconcile_duration: ExemplarHistogramFamily<ControllerLabels>,
     /// 1 while this replica leads, else 0.
     pub leader: Gauge,
+    /// Nodes of each NodeVersion by state (set by the leader).
+    pub nodes: Family<NodeStateLabels, Gauge>,
+    /// Up-to-date nodes / all nodes, per NodeVersion.
+    pub rollout_progress: Family<NodeVersionLabels, FloatGauge>,
+    /// Unix time of the rollout's last step or count change.
+    pub rollout_last_progress: Family<NodeVersionLabels, FloatGauge>,
+    /// Node replacements finished (the old node deleted).
+    pub replacements: Family<NodeVersionLabels, Counter>,
+    /// From the NodeMaintenance's creation to its drain's end.
+    pub drain_duration: HistogramFamily<ResultLabels>,
+    pub drains_running: Gauge,
+    /// Drains with at least one pod a PodDisruptionBudget keeps.
+    pub drains_blocked: Gauge,
+    pub cloud_duration: HistogramFamily<CloudLabels>,
+    pub cloud_errors: Family<CloudErrorLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -61,7 +129,7 @@ impl Metrics {
             "Reconciles that failed, by controller and error category",
             reconcile_errors.clone(),
         );
-        let reconcile_duration: HistogramFamily<ControllerLabels> =
+        let reconcile_duration: ExemplarHistogramFamily<ControllerLabels> =
             Family::new_with_constructor(reconcile_histogram);
         registry.register(
             "reconcile_duration_seconds",
@@ -74,6 +142,56 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let nodes = Family::<NodeStateLabels, Gauge>::default();
+        registry.register(
+            "nodes",
+            "Nodes of each NodeVersion by state: up_to_date, outdated, replacing (leader only)",
+            nodes.clone(),
+        );
+        let rollout_progress = Family::<NodeVersionLabels, FloatGauge>::default();
+        registry.register(
+            "rollout_progress_ratio",
+            "Share of a NodeVersion's nodes that are up to date (leader only)",
+            rollout_progress.clone(),
+        );
+        let rollout_last_progress = Family::<NodeVersionLabels, FloatGauge>::default();
+        registry.register(
+            "rollout_last_progress_timestamp_seconds",
+            "Unix time a NodeVersion's rollout last took a step or changed its counts (leader only)",
+            rollout_last_progress.clone(),
+        );
+        let replacements = Family::<NodeVersionLabels, Counter>::default();
+        registry.register(
+            "replacements",
+            "Node replacements finished: the outdated node and its instance deleted",
+            replacements.clone(),
+        );
+        let drain_duration: HistogramFamily<ResultLabels> = Family::new_with_constructor(drain_histogram);
+        registry.register(
+            "drain_duration_seconds",
+            "Time from a NodeMaintenance's creation to the end of its drain, by result",
+            drain_duration.clone(),
+        );
+        let drains_running = Gauge::default();
+        registry.register("drains_running", "Drains in progress", drains_running.clone());
+        let drains_blocked = Gauge::default();
+        registry.register(
+            "drains_blocked",
+            "Drains with a pod whose eviction a PodDisruptionBudget refuses",
+            drains_blocked.clone(),
+        );
+        let cloud_duration: HistogramFamily<CloudLabels> = Family::new_with_constructor(cloud_histogram);
+        registry.register(
+            "cloud_request_duration_seconds",
+            "Latency of cloud provider calls, by provider and operation",
+            cloud_duration.clone(),
+        );
+        let cloud_errors = Family::<CloudErrorLabels, Counter>::default();
+        registry.register(
+            "cloud_errors",
+            "Failed cloud provider calls, by provider, operation and error category",
+            cloud_errors.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             queue,
@@ -81,6 +199,15 @@ impl Metrics {
             reconcile_errors,
             reconcile_duration,
             leader,
+            nodes,
+            rollout_progress,
+            rollout_last_progress,
+            replacements,
+            drain_duration,
+            drains_running,
+            drains_blocked,
+            cloud_duration,
+            cloud_errors,
         }
     }
 

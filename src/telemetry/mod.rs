@@ -5,3 +5,4 @@ pub mod metrics;
 
 pub use logging::init_logging;
 pub use metrics::Metrics;
+pub mod trace;

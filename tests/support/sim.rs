@@ -14,6 +14,8 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 pub struct SimCloud {
     child: Child,
     pub provider: SimProvider,
+    /// Where it listens (what `nodewarden run --sim-cloud` takes).
+    pub addr: String,
 }
 
 impl SimCloud {
@@ -49,7 +51,11 @@ impl SimCloud {
         let provider = SimProvider::new(&addr)
             .expect("a valid endpoint")
             .with_timeout(Duration::from_secs(5));
-        SimCloud { child, provider }
+        SimCloud {
+            child,
+            provider,
+            addr,
+        }
     }
 
     /// kill -9: no chance to save anything on the way out.

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# A local Jaeger v2 all-in-one (in-memory storage) as a plain process on loopback.
+#
+#   run.sh start <run-dir>   start jaeger (no-op when already running there); waits until
+#                            the query API and the OTLP/HTTP receiver answer
+#   run.sh stop <run-dir>    stop exactly the process `start` recorded, by pid
+#
+# <run-dir> receives: config.yaml, jaeger.log, jaeger.pid and the chosen ports
+#   otlp-http-port   OTLP/HTTP receiver: POST http://127.0.0.1:<port>/v1/traces
+#   query-port       query HTTP API (and placeholder UI): http://127.0.0.1:<port>/api/traces
+#   query-grpc-port  query gRPC API (unused by the tests, but must not collide)
+# NODEWARDEN_JAEGER_BIN picks the directory holding `jaeger` (default: build.sh output).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+log() { echo "jaeger: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+usage() { die "usage: $0 start|stop <run-dir>"; }
+[ $# -eq 2 ] || usage
+cmd=$1
+mkdir -p "$2"
+run_dir=$(cd "$2" && pwd)
+
+bin_dir() {
+  if [ -n "${NODEWARDEN_JAEGER_BIN:-}" ]; then
+    echo "$NODEWARDEN_JAEGER_BIN"
+  else
+    "$here/build.sh" | tail -n 1
+  fi
+}
+
+# free_ports N: N distinct free loopback ports below the kernel's ephemeral range.
+free_ports() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+ports = []
+for _ in range(5000):
+    if len(ports) == n:
+        break
+    port = random.randrange(10000, max(low, 10001))
+    if port in ports:
+        continue
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    ports.append(port)
+if len(ports) != n:
+    raise SystemExit("no free port")
+print(" ".join(map(str, ports)))
+PY
+}
+
+# alive PID: the process exists and is not a zombie waiting to be reaped.
+alive() { [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+
+# pid_of: the recorded pid, if that process is still the jaeger we started.
+pid_of() {
+  local f="$run_dir/jaeger.pid" pid
+  [ -f "$f" ] || return 1
+  pid=$(cat "$f")
+  [ -n "$pid" ] && alive "$pid" || return 1
+  # A recycled pid belongs to some other program: never signal that.
+  [ "$(basename "$(readlink "/proc/$pid/exe" 2>/dev/null || true)")" = jaeger ] || return 1
+  echo "$pid"
+}
+
+stop() {
+  local pid i
+  pid=$(pid_of) || { rm -f "$run_dir/jaeger.pid"; log "not running in $run_dir"; return 0; }
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 100); do
+    alive "$pid" || break
+    sleep 0.1
+  done
+  if alive "$pid"; then
+    log "jaeger (pid $pid) ignored SIGTERM for 10 s; killing"
+    kill -KILL "$pid" 2>/dev/null || true
+    for i in $(seq 1 50); do alive "$pid" || break; sleep 0.1; done
+  fi
+  alive "$pid" && die "jaeger (pid $pid) is still running"
+  for i in $(seq 1 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+  rm -f "$run_dir/jaeger.pid"
+  log "stopped jaeger (pid $pid)"
+}
+
+# ready: the query API answers and the OTLP/HTTP receiver accepts an (empty) export.
+ready() {
+  curl -sf --max-time 2 "http://127.0.0.1:$query_port/api/services" >/dev/null &&
+    curl -sf --max-time 2 -X POST -H 'Content-Type: application/json' -d '{}' \
+      "http://127.0.0.1:$otlp_port/v1/traces" >/dev/null
+}
+
+# write_config: the pinned module's cmd/jaeger/internal/all-in-one.yaml, reduced to
+# what the tests use (OTLP/HTTP in, memory storage, query API) on the chosen ports,
+# with the collector's own metrics endpoint (fixed port 8888) switched off, and
+# jaeger_query's self-tracing off (it defaults to on and exports jaeger's own spans
+# over OTLP/gRPC to localhost:4317; with nothing there, shutdown stalls ~10 s).
+write_config() {
+  cat >"$run_dir/config.yaml" <<EOF
+service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    resource:
+      service.name: jaeger
+    metrics:
+      level: none
+    logs:
+      level: info
+
+extensions:
+  jaeger_query:
+    enable_tracing: false
+    storage:
+      traces: memstore
+    http:
+      endpoint: 127.0.0.1:$query_port
+    grpc:
+      endpoint: 127.0.0.1:$query_grpc_port
+
+  jaeger_storage:
+    backends:
+      memstore:
+        memory:
+          max_traces: 100000
+
+receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: 127.0.0.1:$otlp_port
+
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memstore
+EOF
+}
+
+start() {
+  local pid i bin
+  if pid=$(pid_of); then
+    query_port=$(cat "$run_dir/query-port")
+    otlp_port=$(cat "$run_dir/otlp-http-port")
+    if ready; then
+      log "already running (pid $pid) in $run_dir"
+      return 0
+    fi
+    stop
+  fi
+  bin=$(bin_dir)
+  [ -x "$bin/jaeger" ] || die "no jaeger binary in $bin"
+  read -r otlp_port query_port query_grpc_port <<<"$(free_ports 3)"
+  write_config
+  echo "$otlp_port" >"$run_dir/otlp-http-port"
+  echo "$query_port" >"$run_dir/query-port"
+  echo "$query_grpc_port" >"$run_dir/query-grpc-port"
+  # setsid: jaeger outlives the shell that started it.
+  setsid "$bin/jaeger" --config "file:$run_dir/config.yaml" >"$run_dir/jaeger.log" 2>&1 </dev/null &
+  echo $! >"$run_dir/jaeger.pid"
+  for i in $(seq 1 600); do
+    if ! alive "$(cat "$run_dir/jaeger.pid")"; then
+      log "jaeger died during start-up; last lines of $run_dir/jaeger.log:"
+      tail -n 30 "$run_dir/jaeger.log" >&2 || true
+      rm -f "$run_dir/jaeger.pid"
+      return 1
+    fi
+    if ready; then
+      log "ready (pid $(cat "$run_dir/jaeger.pid")): OTLP/HTTP 127.0.0.1:$otlp_port, query 127.0.0.1:$query_port"
+      return 0
+    fi
+    sleep 0.2
+  done
+  log "jaeger did not become ready within 120 s; last lines of $run_dir/jaeger.log:"
+  tail -n 30 "$run_dir/jaeger.log" >&2 || true
+  stop
+  return 1
+}
+
+case "$cmd" in
+  start) start ;;
+  stop) stop ;;
+  *) usage ;;
+esac

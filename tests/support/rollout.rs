@@ -1,0 +1,327 @@
+//! A rollout's fixtures shared by the rollout tests: the sim-cloud with its
+//! groups, the NodeVersion and ScalingGroups, a workload with a budget, and
+//! the invariant checker that watches DESIGN.md's invariants as they happen.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodewarden::api::update::{NodeVersion, PendingNode, ScalingGroup};
+use nodewarden::cloud::InstanceState;
+use nodewarden::runtime::reflector::{Event as ReflectorEvent, Reflector, ReflectorConfig};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::sim::{OwnedSimCloud, SimCloud};
+use super::{Probe, RUN_LABEL, TestEnv, node_is_ready, seen, wait_for};
+
+pub const BOOT: Duration = Duration::from_secs(1);
+pub const JOIN: Duration = Duration::from_secs(1);
+
+/// What the checker saw break, if anything.
+#[derive(Default)]
+pub struct Breaches(Mutex<Vec<String>>);
+
+impl Breaches {
+    pub fn add(&self, what: String) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() < 50 {
+            all.push(what);
+        }
+    }
+    pub fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Watches the cluster and checks the invariants of DESIGN.md on every
+/// change, as it happens: never more nodes than `base + surge` counting
+/// instances on their way (invariant 1); a node disappears only while its heir
+/// is Ready (invariant 2, judged on the node's last state, which the deletion
+/// event carries); the Deployments' budgets hold (invariant 3, sampled).
+pub async fn check(
+    client: Client,
+    env_id: String,
+    namespace: String,
+    base: usize,
+    surge: Arc<Mutex<usize>>,
+    breaches: Arc<Breaches>,
+    stop: CancellationToken,
+) {
+    let selector = format!("{RUN_LABEL}={env_id}");
+    let config = ReflectorConfig {
+        label_selector: Some(selector.clone()),
+        ..Default::default()
+    };
+    let mut nodes = Reflector::new("checker-nodes", Api::<Node>::all(client.clone()), config.clone());
+    let mut pending = Reflector::new("checker-pending", Api::<PendingNode>::all(client.clone()), config);
+    let (node_store, pending_store) = (nodes.store(), pending.store());
+
+    let count_check = {
+        let (node_store, pending_store, surge, breaches) = (
+            node_store.clone(),
+            pending_store.clone(),
+            surge.clone(),
+            breaches.clone(),
+        );
+        Arc::new(move || {
+            let names: BTreeSet<String> = node_store.keys().into_iter().map(|k| k.name).collect();
+            let joins = pending_store
+                .list()
+                .iter()
+                .filter(|p| p.spec.goal == Some(nodewarden::api::update::PendingNodeGoal::Join))
+                .filter(|p| !names.contains(&p.spec.node_name))
+                .count();
+            let allowed = base + *surge.lock().unwrap_or_else(|e| e.into_inner());
+            // Nodes go only once their heir is there: never fewer than at the start.
+            if node_store.is_synced() && names.len() < base {
+                breaches.add(format!(
+                    "{} nodes, fewer than the {base} at the start",
+                    names.len()
+                ));
+            }
+            if names.len() + joins > allowed {
+                breaches.add(format!(
+                    "{} nodes + {joins} joining > {allowed} allowed",
+                    names.len()
+                ));
+            }
+        })
+    };
+    let on_node = count_check.clone();
+    let heirs = node_store.clone();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    let node_breaches = breaches.clone();
+    nodes.on_event(move |event| match event {
+        ReflectorEvent::Deleted(node) => {
+            let heir = node
+                .annotations()
+                .get("constellation.edgeless.systems/heir")
+                .cloned();
+            let heir_ready = heir
+                .as_ref()
+                .and_then(|h| heirs.get(&nodewarden::runtime::store::ObjectKey::cluster(h)))
+                .is_some_and(|h| node_is_ready(&h));
+            // A surplus node (a mint nobody needed) leaves without an heir.
+            let surplus = node
+                .annotations()
+                .contains_key("constellation.edgeless.systems/obsolete");
+            if !heir_ready && !surplus {
+                node_breaches.add(format!(
+                    "{} deleted without a Ready heir ({heir:?})",
+                    node.name_any()
+                ));
+            }
+            // Its pods were evicted before (only DaemonSet pods may stay).
+            let (pods, name, breaches) = (pods.clone(), node.name_any(), node_breaches.clone());
+            tokio::spawn(async move {
+                let fields = format!("spec.nodeName={name}");
+                if let Ok(list) = pods.list(&ListParams::default().fields(&fields)).await {
+                    let left: Vec<String> = list
+                        .items
+                        .iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_none())
+                        .map(|p| p.name_any())
+                        .collect();
+                    if !left.is_empty() {
+                        breaches.add(format!("{name} deleted with pods still on it: {left:?}"));
+                    }
+                }
+            });
+        }
+        _ => on_node(),
+    });
+    let on_pending = count_check.clone();
+    pending.on_event(move |_| on_pending());
+    tokio::spawn(nodes.run(stop.clone()));
+    tokio::spawn(pending.run(stop.clone()));
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    while !stop.is_cancelled() {
+        if let Ok(list) = deployments.list(&ListParams::default()).await {
+            for d in list.items {
+                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+                let available = d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0);
+                // Each Deployment's budget allows one pod down at a time.
+                if available < want - 1 {
+                    breaches.add(format!(
+                        "deployment {} had {available} of {want} available",
+                        d.name_any()
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub struct Rollout {
+    pub env: TestEnv,
+    pub sim: OwnedSimCloud,
+    pub groups: Vec<(String, &'static str, usize)>,
+}
+
+pub async fn setup(test: &str, groups: &[(&'static str, &'static str, usize)]) -> Rollout {
+    let env = TestEnv::new(test).await;
+    super::install_crds(&env.client).await;
+    let groups: Vec<(String, &'static str, usize)> = groups
+        .iter()
+        .map(|(g, role, size)| (format!("{}-{g}", env.id), *role, *size))
+        .collect();
+    let config = json!({"groups": groups.iter().map(|(id, role, size)| json!({
+        "id": id, "role": role, "initialSize": size, "image": "img-1",
+        "bootDelay": format!("{}ms", BOOT.as_millis()), "joinDelay": format!("{}ms", JOIN.as_millis()),
+        "deleteDelay": "1s", "labels": {RUN_LABEL: env.id},
+    })).collect::<Vec<_>>()});
+    let sim = SimCloud::start_with_config(&serde_json::to_string(&config).expect("json")).await;
+    let total: usize = groups.iter().map(|g| g.2).sum();
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let selector = env.run_selector();
+    wait_for(
+        "the initial nodes to be Ready",
+        Duration::from_secs(60),
+        || async {
+            match nodes.list(&ListParams::default().labels(&selector)).await {
+                Ok(l) if l.items.iter().filter(|n| node_is_ready(n)).count() == total => Probe::Done(()),
+                Ok(l) => Probe::NotYet(format!("{} nodes", l.items.len())),
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        },
+    )
+    .await;
+    // The NodeVersion and its ScalingGroups, as Constellation's installer makes them.
+    let nv: NodeVersion = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "NodeVersion",
+        "metadata": {"name": env.name("version"), "labels": {RUN_LABEL: env.id}},
+        "spec": {"image": "img-1", "rollout": {"maxSurge": 1, "maxUnavailable": 0}},
+    }))
+    .expect("a NodeVersion");
+    Api::<NodeVersion>::all(env.client.clone())
+        .create(&PostParams::default(), &nv)
+        .await
+        .expect("creating");
+    for (id, role, _) in &groups {
+        let sg: ScalingGroup = serde_json::from_value(json!({
+            "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "ScalingGroup",
+            "metadata": {"name": id, "labels": {RUN_LABEL: env.id}},
+            "spec": {"nodeImage": env.name("version"), "groupId": id, "role": role, "autoscaling": false},
+        }))
+        .expect("a ScalingGroup");
+        Api::<ScalingGroup>::all(env.client.clone())
+            .create(&PostParams::default(), &sg)
+            .await
+            .expect("creating");
+    }
+    Rollout { env, sim, groups }
+}
+
+/// A Deployment over the workers with a budget of one pod down at a time.
+pub async fn workload(env: &TestEnv, name: &str, replicas: i32) {
+    env.create_deployment(
+        name,
+        replicas,
+        json!({RUN_LABEL: env.id, "node-role.kubernetes.io/worker": ""}),
+    )
+    .await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": name}}},
+    }))
+    .expect("a pdb");
+    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("creating a pdb");
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    wait_for(&format!("{name} available"), Duration::from_secs(60), || async {
+        match deployments.get(name).await {
+            Ok(d) if d.status.as_ref().and_then(|s| s.available_replicas) == Some(replicas) => {
+                Probe::Done(())
+            }
+            Ok(d) => Probe::NotYet(format!("{:?}", d.status)),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+}
+
+/// Sets the image (and surge), then waits until every node runs it.
+pub async fn roll(r: &Rollout, image: &str, surge: usize) -> Duration {
+    let env = &r.env;
+    let api: Api<NodeVersion> = Api::all(env.client.clone());
+    let patch = json!({"spec": {"image": image, "rollout": {"maxSurge": surge}}});
+    let start = Instant::now();
+    api.patch(
+        &env.name("version"),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .expect("new image");
+    let total: usize = r.groups.iter().map(|g| g.2).sum();
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let selector = env.run_selector();
+    wait_for(
+        &format!("every node on {image}"),
+        Duration::from_secs(240),
+        || async {
+            let Ok(list) = nodes.list(&ListParams::default().labels(&selector)).await else {
+                return Probe::NotYet("list failed".into());
+            };
+            let current = list
+                .items
+                .iter()
+                .filter(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.node_info.as_ref())
+                        .is_some_and(|i| i.os_image == image)
+                })
+                .filter(|n| node_is_ready(n))
+                .count();
+            if current == total && list.items.len() == total {
+                Probe::Done(())
+            } else {
+                Probe::NotYet(format!("{current} of {} nodes on {image}", list.items.len()))
+            }
+        },
+    )
+    .await;
+    start.elapsed()
+}
+
+/// Every instance the sim ever made is a current node or terminated (invariant 4).
+pub async fn assert_no_leak(r: &Rollout) {
+    let nodes: Api<Node> = Api::all(r.env.client.clone());
+    let names: BTreeSet<String> = nodes
+        .list(&ListParams::default().labels(&r.env.run_selector()))
+        .await
+        .expect("listing nodes")
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    wait_for(
+        "every instance a node or terminated",
+        Duration::from_secs(30),
+        || async {
+            let instances = r.sim.sim.provider.list_instances().await.unwrap_or_default();
+            let live: BTreeSet<String> = instances
+                .iter()
+                .filter(|i| !matches!(i.state, InstanceState::Terminated | InstanceState::Terminating))
+                .map(|i| i.instance.name.clone())
+                .collect();
+            if live == names {
+                Probe::Done(())
+            } else {
+                Probe::NotYet(format!("live {live:?} vs nodes {names:?}"))
+            }
+        },
+    )
+    .await;
+}
