@@ -6,14 +6,10 @@ mod support;
 
 use std::path::PathBuf;
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::{Scope, pinned_kind};
-use kube::{Client, ResourceExt};
-use serde::Deserialize;
+use kube::ResourceExt;
+use kube::api::DynamicObject;
 use serde_json::Value;
-
-const FIELD_MANAGER: &str = "nodewarden-test";
+use support::manifests::{Applied, apply, describe, documents, file_name, is_namespace, to_object};
 
 /// Every `manifests/*.yaml` (not the samples under `manifests/samples/`), sorted.
 fn manifest_files() -> Vec<PathBuf> {
@@ -27,19 +23,6 @@ fn manifest_files() -> Vec<PathBuf> {
     files
 }
 
-/// The non-empty YAML documents of `path`, as JSON values.
-fn documents(path: &PathBuf) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_norway::Deserializer::from_str(&text)
-        .enumerate()
-        .map(|(i, doc)| {
-            Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{} document {i} is not valid YAML: {e}", path.display()))
-        })
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
 /// `(file name, object)` for every document of every manifest file.
 fn all_objects() -> Vec<(String, DynamicObject)> {
     let files = manifest_files();
@@ -51,69 +34,14 @@ fn all_objects() -> Vec<(String, DynamicObject)> {
     }
     let mut objects = Vec::new();
     for file in &files {
-        let name = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
+        let name = file_name(file);
         for (i, doc) in documents(file).into_iter().enumerate() {
-            let obj: DynamicObject = serde_json::from_value(doc)
-                .unwrap_or_else(|e| panic!("{name} document {i} is not a Kubernetes object: {e}"));
+            let obj = to_object(&name, i, doc);
             assert!(obj.types.is_some(), "{name} document {i} has no apiVersion/kind");
             objects.push((name.clone(), obj));
         }
     }
     objects
-}
-
-fn gvk_of(obj: &DynamicObject) -> GroupVersionKind {
-    let types = obj.types.as_ref().expect("apiVersion and kind");
-    GroupVersionKind::try_from(types).expect("a valid apiVersion")
-}
-
-fn describe(file: &str, obj: &DynamicObject) -> String {
-    let types = obj
-        .types
-        .as_ref()
-        .map(|t| format!("{}/{}", t.api_version, t.kind));
-    format!(
-        "{file}: {} {}{}",
-        types.unwrap_or_default(),
-        obj.namespace().map(|ns| format!("{ns}/")).unwrap_or_default(),
-        obj.name_any()
-    )
-}
-
-/// Server-side applies `obj` (a dry run unless `dry_run` is false), resolving
-/// its resource and scope through discovery.
-async fn apply(client: &Client, obj: &DynamicObject, dry_run: bool) -> Result<DynamicObject, String> {
-    let gvk = gvk_of(obj);
-    let (resource, caps) = pinned_kind(client, &gvk)
-        .await
-        .map_err(|e| format!("discovery of {gvk:?}: {e}"))?;
-    let api: Api<DynamicObject> = match caps.scope {
-        Scope::Namespaced => {
-            let ns = obj
-                .namespace()
-                .ok_or_else(|| "a namespaced object without metadata.namespace".to_string())?;
-            Api::namespaced_with(client.clone(), &ns, &resource)
-        }
-        Scope::Cluster => {
-            if obj.namespace().is_some() {
-                return Err("a cluster-scoped object with metadata.namespace".into());
-            }
-            Api::all_with(client.clone(), &resource)
-        }
-    };
-    // force: the CRDs are already applied by the test harness under another
-    // field manager; a dry run changes nothing either way.
-    let mut params = PatchParams::apply(FIELD_MANAGER).force();
-    if dry_run {
-        params = params.dry_run();
-    }
-    api.patch(&obj.name_any(), &params, &Patch::Apply(obj))
-        .await
-        .map_err(|e| e.to_string())
 }
 
 #[tokio::test]
@@ -125,14 +53,7 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     // Namespaced objects cannot be dry-run into a namespace that does not
     // exist: really create the manifests' namespaces (idempotent, and left in
     // place: other tests use medik8s-leases).
-    let namespaces: Vec<&(String, DynamicObject)> = objects
-        .iter()
-        .filter(|(_, o)| {
-            o.types
-                .as_ref()
-                .is_some_and(|t| t.api_version == "v1" && t.kind == "Namespace")
-        })
-        .collect();
+    let namespaces: Vec<&(String, DynamicObject)> = objects.iter().filter(|(_, o)| is_namespace(o)).collect();
     let names: Vec<String> = namespaces.iter().map(|(_, o)| o.name_any()).collect();
     for wanted in ["nodewarden-system", "medik8s-leases"] {
         assert!(
@@ -141,21 +62,23 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         );
     }
     for (file, ns) in &namespaces {
-        apply(&env.client, ns, false)
-            .await
-            .unwrap_or_else(|e| panic!("creating {}: {e}", describe(file, ns)));
+        match apply(&env.client, ns, false).await {
+            Ok(Applied::Done(_)) => {}
+            Ok(Applied::NotServed(e)) | Err(e) => panic!("creating {}: {e}", describe(file, ns)),
+        }
     }
 
     let mut failures = Vec::new();
     for (file, obj) in &objects {
         match apply(&env.client, obj, true).await {
-            Ok(answer) => assert_eq!(
+            Ok(Applied::Done(answer)) => assert_eq!(
                 answer.name_any(),
                 obj.name_any(),
                 "the dry run of {} answered another object",
                 describe(file, obj)
             ),
-            Err(e) => failures.push(format!("{}: {e}", describe(file, obj))),
+            // Every kind of the manifests must be served: a missing one fails too.
+            Ok(Applied::NotServed(e)) | Err(e) => failures.push(format!("{}: {e}", describe(file, obj))),
         }
     }
     env.cleanup().await;

@@ -8,20 +8,16 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::{Scope, pinned_kind};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::DynamicObject;
 use nodewarden::runtime::rate_limiter::default_rate_limiter;
 use nodewarden::runtime::workqueue::WorkQueue;
 use nodewarden::telemetry::metrics::{
     CloudErrorLabels, CloudLabels, ControllerLabels, ErrorLabels, Metrics, NodeStateLabels,
     NodeVersionLabels, ResultLabels,
 };
-use serde::Deserialize;
 use serde_json::{Value, json};
-
-const FIELD_MANAGER: &str = "nodewarden-test";
+use support::manifests::{Applied, apply, describe, documents, file_name, gvk_of, is_namespace, to_object};
 
 /// API groups whose CRDs the test control plane does not have: objects of
 /// these groups are parsed but only dry-run where the API server serves them.
@@ -41,26 +37,6 @@ fn yaml_files() -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
-}
-
-fn file_name(path: &Path) -> String {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-/// The non-empty YAML documents of `path`, as JSON values.
-fn documents(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_norway::Deserializer::from_str(&text)
-        .enumerate()
-        .map(|(i, doc)| {
-            Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{} document {i} is not valid YAML: {e}", path.display()))
-        })
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 /// The one document of a file that is not a multi-document manifest.
@@ -94,8 +70,7 @@ fn kubernetes_objects() -> Vec<(String, DynamicObject)> {
              a document without apiVersion and kind would never be applied"
         );
         for (i, doc) in docs.into_iter().enumerate() {
-            let obj: DynamicObject = serde_json::from_value(doc)
-                .unwrap_or_else(|e| panic!("{name} document {i} is not a Kubernetes object: {e}"));
+            let obj = to_object(&name, i, doc);
             assert!(
                 !obj.name_any().is_empty(),
                 "{name} document {i} has no metadata.name"
@@ -121,69 +96,6 @@ fn kubernetes_objects() -> Vec<(String, DynamicObject)> {
         }
     }
     objects
-}
-
-fn gvk_of(obj: &DynamicObject) -> GroupVersionKind {
-    let types = obj.types.as_ref().expect("apiVersion and kind");
-    GroupVersionKind::try_from(types).expect("a valid apiVersion")
-}
-
-fn describe(file: &str, obj: &DynamicObject) -> String {
-    let types = obj
-        .types
-        .as_ref()
-        .map(|t| format!("{}/{}", t.api_version, t.kind));
-    format!(
-        "{file}: {} {}{}",
-        types.unwrap_or_default(),
-        obj.namespace().map(|ns| format!("{ns}/")).unwrap_or_default(),
-        obj.name_any()
-    )
-}
-
-/// What one server-side apply came to.
-enum Applied {
-    Done(Box<DynamicObject>),
-    /// The API server does not serve the object's kind (its CRD is missing).
-    NotServed(String),
-}
-
-/// Server-side applies `obj` (a dry run unless `dry_run` is false), resolving
-/// its resource and scope through discovery.
-async fn apply(client: &Client, obj: &DynamicObject, dry_run: bool) -> Result<Applied, String> {
-    let gvk = gvk_of(obj);
-    let (resource, caps) = match pinned_kind(client, &gvk).await {
-        Ok(found) => found,
-        Err(e) => return Ok(Applied::NotServed(format!("discovery of {gvk:?}: {e}"))),
-    };
-    let api: Api<DynamicObject> = match caps.scope {
-        Scope::Namespaced => {
-            let ns = obj
-                .namespace()
-                .ok_or_else(|| "a namespaced object without metadata.namespace".to_string())?;
-            Api::namespaced_with(client.clone(), &ns, &resource)
-        }
-        Scope::Cluster => {
-            if obj.namespace().is_some() {
-                return Err("a cluster-scoped object with metadata.namespace".into());
-            }
-            Api::all_with(client.clone(), &resource)
-        }
-    };
-    let mut params = PatchParams::apply(FIELD_MANAGER).force();
-    if dry_run {
-        params = params.dry_run();
-    }
-    api.patch(&obj.name_any(), &params, &Patch::Apply(obj))
-        .await
-        .map(|o| Applied::Done(Box::new(o)))
-        .map_err(|e| e.to_string())
-}
-
-fn is_namespace(obj: &DynamicObject) -> bool {
-    obj.types
-        .as_ref()
-        .is_some_and(|t| t.api_version == "v1" && t.kind == "Namespace")
 }
 
 #[tokio::test]

@@ -86,13 +86,23 @@ struct Replica {
 
 struct Replicas {
     args: Vec<String>,
+    /// Each replica's /metrics address (kept across restarts, like a pod's).
+    http: BTreeMap<String, String>,
     envs: Vec<(String, String)>,
     logs: PathBuf,
     running: Vec<Replica>,
 }
 
 impl Replicas {
-    fn spawn(&self, identity: &str) -> Replica {
+    fn spawn(&mut self, identity: &str) -> Replica {
+        let http = self
+            .http
+            .entry(identity.to_string())
+            .or_insert_with(|| {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+                listener.local_addr().expect("an address").to_string()
+            })
+            .clone();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -101,7 +111,7 @@ impl Replicas {
         let child = Command::new(env!("CARGO_BIN_EXE_nodewarden"))
             .arg("run")
             .args(&self.args)
-            .args(["--identity", identity])
+            .args(["--identity", identity, "--http-addr", &http])
             .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
@@ -249,8 +259,6 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
             "2",
             "--retry-period",
             "0.5",
-            "--http-addr",
-            "127.0.0.1:0",
             "--node-selector",
             &env.run_selector(),
             "--object-selector",
@@ -267,6 +275,7 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
             ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/json".into()),
             ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
         ],
+        http: BTreeMap::new(),
         logs: dir.to_path_buf(),
         running: Vec::new(),
     };
@@ -379,6 +388,70 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     );
     println!(
         "rollout of 9 nodes (maxSurge 2) with two leader kills: {took:?}; first leader {first}; failovers {failovers:?}"
+    );
+
+    // Metrics: the leader's view of the finished rollout, with exemplars.
+    let leader = holder(&leases, &lease_name).await.expect("a leader");
+    let nv = env.name("version");
+    let mut scraped = BTreeMap::new();
+    for (identity, addr) in &replicas.http {
+        let text = support::jaeger::http_get(&format!("http://{addr}/metrics"))
+            .await
+            .unwrap_or_else(|e| panic!("scraping {identity}: {e}"));
+        scraped.insert(identity.clone(), text);
+    }
+    let value = |text: &str, series: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .and_then(|l| l[series.len()..].split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    };
+    for (identity, text) in &scraped {
+        let want = if *identity == leader { 1.0 } else { 0.0 };
+        assert_eq!(
+            value(text, "nodewarden_leader"),
+            Some(want),
+            "{identity}'s leader gauge"
+        );
+    }
+    let at_leader = &scraped[&leader];
+    for (series, want) in [
+        (
+            format!("nodewarden_nodes{{nodeversion=\"{nv}\",state=\"up_to_date\"}}"),
+            9.0,
+        ),
+        (
+            format!("nodewarden_nodes{{nodeversion=\"{nv}\",state=\"outdated\"}}"),
+            0.0,
+        ),
+        (
+            format!("nodewarden_rollout_progress_ratio{{nodeversion=\"{nv}\"}}"),
+            1.0,
+        ),
+    ] {
+        assert_eq!(value(at_leader, &series), Some(want), "{series} at the leader");
+    }
+    let counted = |prefix: &str| -> f64 {
+        scraped
+            .values()
+            .flat_map(|t| t.lines())
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    };
+    assert!(
+        counted(
+            "nodewarden_cloud_request_duration_seconds_count{provider=\"sim\",operation=\"create_node\"}"
+        ) >= 1.0
+    );
+    assert!(counted("nodewarden_drain_duration_seconds_count{result=\"succeeded\"}") >= 1.0);
+    assert!(counted("nodewarden_replacements_total") >= 1.0);
+    assert!(
+        at_leader
+            .lines()
+            .any(|l| l.starts_with("nodewarden_reconcile_duration_seconds_bucket")
+                && l.contains("# {trace_id=\"")),
+        "reconcile histogram buckets carry trace-id exemplars"
     );
 
     // Graceful handoff: SIGTERM releases the lease for a standby at once.

@@ -119,7 +119,9 @@ impl JoiningNodeReconciler {
             ..Default::default()
         };
         self.leader.ensure_leader()?;
-        super::delete_if_present(&api, &jn.name_any(), &params).await
+        super::delete_if_present(&api, &jn.name_any(), &params)
+            .await
+            .map(drop)
     }
 }
 

@@ -20,13 +20,18 @@ pub fn node_is_ready(node: &Node) -> bool {
 }
 
 /// Deletes `name`; an object that is already gone counts as deleted.
-pub async fn delete_if_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> crate::error::Result<()>
+/// Returns whether this call deleted it (false: it was gone already).
+pub async fn delete_if_present<K>(
+    api: &Api<K>,
+    name: &str,
+    params: &DeleteParams,
+) -> crate::error::Result<bool>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     match api.delete(name, params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

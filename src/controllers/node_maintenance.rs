@@ -737,7 +737,7 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             }),
             ..Default::default()
         };
-        super::delete_if_present(&leases, &name, &params).await
+        super::delete_if_present(&leases, &name, &params).await.map(drop)
     }
 
     async fn ensure_namespace(&self, ns: &str) -> Result<()> {

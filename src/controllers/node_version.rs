@@ -443,8 +443,11 @@ impl NodeVersionReconciler {
                     }),
                     ..Default::default()
                 };
-                delete_if_present(&node_api, node, &params).await?;
-                self.finish_replacement(nv, &n, &group, deleting_node).await;
+                // A stale store can show a retired node once more: only the
+                // call that deleted it finishes the replacement.
+                if delete_if_present(&node_api, node, &params).await? {
+                    self.finish_replacement(nv, &n, &group, deleting_node).await;
+                }
             }
             Step::Create { group, count } => {
                 let deadline = Timestamp::now()

@@ -52,25 +52,31 @@ impl Jaeger {
             "{}/api/traces?service={service}&operation={operation}&limit=10000&lookback=1h",
             self.query
         );
-        let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-        let response = client
-            .get(uri.parse().map_err(|e| format!("{e}"))?)
-            .await
-            .map_err(|e| format!("GET {uri}: {e}"))?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("reading {uri}: {e}"))?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(format!("GET {uri}: {status} {}", String::from_utf8_lossy(&body)));
-        }
-        let answer: TracesAnswer =
-            serde_json::from_slice(&body).map_err(|e| format!("decoding {uri}: {e}"))?;
+        let body = http_get(&uri).await?;
+        let answer: TracesAnswer = serde_json::from_str(&body).map_err(|e| format!("decoding {uri}: {e}"))?;
         Ok(answer.data.unwrap_or_default())
     }
+}
+
+/// GET a plain-HTTP URL; the body as text, or what went wrong.
+pub async fn http_get(uri: &str) -> Result<String, String> {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let response = client
+        .get(uri.parse().map_err(|e| format!("{uri}: {e}"))?)
+        .await
+        .map_err(|e| format!("GET {uri}: {e}"))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("reading {uri}: {e}"))?
+        .to_bytes();
+    let text = String::from_utf8_lossy(&body).into_owned();
+    if !status.is_success() {
+        return Err(format!("GET {uri}: {status} {text}"));
+    }
+    Ok(text)
 }
 
 impl Drop for Jaeger {

@@ -9,6 +9,7 @@
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
 pub mod jaeger;
+pub mod manifests;
 pub mod rollout;
 pub mod sim;
 
@@ -421,6 +422,9 @@ pub fn seen<E: Debug>(err: E) -> String {
 #[allow(unused_imports)] // Not every test binary checks node readiness.
 pub use nodewarden::controllers::node_is_ready;
 
+#[allow(unused_imports)] // Not every test binary applies manifests.
+pub use manifests::apply_manifest;
+
 /// A TCP proxy on loopback in front of the API server that a test can cut
 /// (every open connection dropped, new ones refused), stall (connections stay
 /// open but nothing is forwarded) and restore: a client cut off from the API
@@ -653,38 +657,5 @@ impl RunningOperator {
     pub async fn stop(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(20), self.task).await;
-    }
-}
-
-/// Server-side applies every document of a YAML file (as `kubectl apply
-/// --server-side` would), for fixtures that are the real manifests.
-pub async fn apply_manifest(client: &Client, path: &Path) {
-    use kube::api::{DynamicObject, Patch, PatchParams};
-    use kube::core::GroupVersionKind;
-    use kube::discovery::{Scope, pinned_kind};
-    use serde::Deserialize;
-
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    for doc in serde_norway::Deserializer::from_str(&text) {
-        let value = serde_json::Value::deserialize(doc).expect("valid YAML");
-        if value.is_null() {
-            continue;
-        }
-        let obj: kube::api::DynamicObject = serde_json::from_value(value).expect("a Kubernetes object");
-        let types = obj.types.clone().expect("apiVersion and kind");
-        let gvk = GroupVersionKind::try_from(&types).expect("a valid apiVersion");
-        let (resource, caps) = pinned_kind(client, &gvk).await.expect("a known kind");
-        let api: Api<DynamicObject> = match (&caps.scope, obj.metadata.namespace.as_deref()) {
-            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
-            _ => Api::all_with(client.clone(), &resource),
-        };
-        let name = obj.metadata.name.clone().expect("a name");
-        api.patch(
-            &name,
-            &PatchParams::apply("nodewarden-test").force(),
-            &Patch::Apply(&obj),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", types.kind));
     }
 }
