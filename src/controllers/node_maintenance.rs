@@ -26,7 +26,7 @@ use crate::api::node_maintenance::{
 };
 use crate::drain::node::{self as quarantine, Quarantine};
 use crate::drain::{DrainEngine, DrainOptions, DrainOutcome, DrainStatus};
-use crate::error::{Error, Result};
+use crate::error::{Category, Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::rate_limiter::lock;
@@ -451,8 +451,18 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
         }
         let drain = match (&decision, &node) {
             (Decision::Drain, Some(node)) => {
-                self.set_owner_reference(&api, obj.as_ref(), node).await?;
-                self.quarantine(&node_name, &owner).await?;
+                let prepared = match self.set_owner_reference(&api, obj.as_ref(), node).await {
+                    Ok(()) => self.quarantine(&node_name, &owner).await,
+                    Err(e) => Err(e),
+                };
+                match prepared {
+                    Ok(()) => {}
+                    // The Node went after our store saw it (a rollout retired
+                    // it): the watch brings its deletion, and the garbage
+                    // collector this maintenance. Not an error to retry.
+                    Err(e) if e.category() == Category::NotFound => return Ok(Action::Done),
+                    Err(e) => return Err(e),
+                }
                 let timeout = obj.drain_timeout().and_then(parse_duration);
                 let options = DrainOptions {
                     timeout,
