@@ -49,7 +49,7 @@ impl std::fmt::Display for Category {
 /// Errors of the nodewarden library.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("kubernetes API: {0}")]
+    #[error("kubernetes API: {}", kube_message(.0))]
     Kube(#[from] kube::Error),
     #[error("{kind} {name} not found")]
     NotFound { kind: &'static str, name: String },
@@ -67,6 +67,15 @@ pub enum Error {
     NotLeader,
     #[error("{what} did not finish within {after:?}")]
     Timeout { what: String, after: Duration },
+}
+
+/// The API server's answer in one line (kube's own message appends the
+/// whole Status in Debug form).
+fn kube_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => format!("{} {}: {}", status.code, status.reason, status.message),
+        other => other.to_string(),
+    }
 }
 
 impl Error {
@@ -97,3 +106,19 @@ impl Categorized for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_errors_read_as_one_line_with_code_reason_and_message() {
+        let status = kube::core::Status::failure("nodes \"n1\" not found", "NotFound").with_code(404);
+        let e = Error::Kube(kube::Error::Api(Box::new(status)));
+        assert_eq!(
+            e.to_string(),
+            "kubernetes API: 404 NotFound: nodes \"n1\" not found"
+        );
+        assert_eq!(e.category(), Category::NotFound);
+    }
+}

@@ -498,3 +498,97 @@ async fn joining_node_annotates_its_node_and_goes_away() {
     remove_labelled::<JoiningNode>(&env).await;
     env.cleanup().await;
 }
+
+/// A PendingNode written without a provider ID is a create under way (the
+/// NodeVersion controller writes it before calling the cloud). Only once that
+/// create is overdue does the PendingNode controller finish it, with the
+/// PendingNode's name as idempotency key: one instance, never two.
+#[tokio::test]
+async fn pending_node_finishes_an_interrupted_create_once_it_is_overdue() {
+    let env = TestEnv::new("small-pendingnode").await;
+    support::install_crds(&env.client).await;
+    let group = env.name("workers");
+    let config = json!({"groups": [{
+        "id": group, "role": "Worker", "initialSize": 0, "image": "img-1",
+        "bootDelay": "200ms", "joinDelay": "200ms", "deleteDelay": "200ms",
+        "labels": {RUN_LABEL: env.id},
+    }]});
+    let sim = SimCloud::start_with_config(&config.to_string()).await;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(sim.sim.provider.clone());
+
+    let mut run = Running::start(&env, "pendingnode");
+    let mut pending_r = Reflector::new(
+        "pendingnodes",
+        Api::<nodewarden::api::update::PendingNode>::all(env.client.clone()),
+        by_run(&env),
+    );
+    let nodes_r = Reflector::new("nodes", Api::<Node>::all(env.client.clone()), by_run(&env));
+    let reconciler = nodewarden::controllers::pending_node::PendingNodeReconciler {
+        client: env.client.clone(),
+        cloud,
+        leader: run.leader.clone(),
+        pending: pending_r.store(),
+        nodes: nodes_r.store(),
+    };
+    let mut controller = Controller::new(
+        "pendingnode",
+        reconciler,
+        ControllerConfig::default(),
+        Metrics::new(),
+    );
+    controller.watches(&mut pending_r, key_of);
+    run.reflector(pending_r);
+    run.reflector(nodes_r);
+    run.controller(controller);
+
+    // What a leader that died right after writing it leaves behind.
+    let name = env.name("join");
+    let api: Api<nodewarden::api::update::PendingNode> = Api::all(env.client.clone());
+    let pn: nodewarden::api::update::PendingNode = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "PendingNode",
+        "metadata": {"name": name, "labels": {RUN_LABEL: env.id}},
+        "spec": {"providerID": "", "groupID": group, "nodeName": "", "goal": "Join",
+                 "deadline": Timestamp::from_second(Timestamp::now().as_second() + 600).expect("a time").to_string()},
+    }))
+    .expect("a PendingNode");
+    api.create(&PostParams::default(), &pn).await.expect("creating");
+    let written = std::time::Instant::now();
+    let instances = || async {
+        sim.sim
+            .provider
+            .list_instances()
+            .await
+            .expect("listing instances")
+            .into_iter()
+            .filter(|i| i.instance.group == group)
+            .count()
+    };
+    // Still within the create's grace: nobody asks the cloud twice.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        instances().await,
+        0,
+        "a create that may be under way is left alone"
+    );
+
+    let provider_id = wait_for("the interrupted create finished", TIMEOUT, || async {
+        match api.get(&name).await {
+            Ok(p) if !p.spec.provider_id.is_empty() => Probe::Done(p.spec.provider_id),
+            Ok(_) => Probe::NotYet("no provider ID yet".into()),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let waited = written.elapsed();
+    assert!(
+        waited >= Duration::from_secs(9),
+        "finished only once overdue ({waited:?})"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(instances().await, 1, "one instance for {provider_id}");
+
+    run.stop().await;
+    remove_labelled::<nodewarden::api::update::PendingNode>(&env).await;
+    sim.sim.kill().await;
+    env.cleanup().await;
+}

@@ -31,12 +31,20 @@ use crate::telemetry::trace;
 
 const POLL: Duration = Duration::from_secs(1);
 const LEAVE_DEADLINE_SECS: i64 = 600;
+/// How long a create may take before a PendingNode without a provider ID
+/// counts as interrupted (a leader died between writing it and the cloud's
+/// answer). Completing it earlier would race the create itself.
+const CREATE_GRACE: Duration = Duration::from_secs(10);
 
 /// What to do with a PendingNode (pure).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PendingStep {
     /// The create was interrupted before the cloud answered: ask again.
     FinishCreate,
+    /// No provider ID yet, but the create may still be under way (the
+    /// NodeVersion controller writes the PendingNode, then calls the cloud):
+    /// look again when it would be overdue.
+    CreateInFlight,
     /// Joined and Ready.
     ReachedJoin,
     /// Still on its way: look again later.
@@ -52,11 +60,13 @@ pub enum PendingStep {
 pub fn decide(
     goal: PendingNodeGoal,
     has_provider_id: bool,
+    create_in_flight: bool,
     state: Option<InstanceState>,
     node_ready: bool,
     deadline_passed: bool,
 ) -> PendingStep {
     match goal {
+        PendingNodeGoal::Join if !has_provider_id && create_in_flight => PendingStep::CreateInFlight,
         PendingNodeGoal::Join if !has_provider_id => PendingStep::FinishCreate,
         PendingNodeGoal::Join if node_ready => PendingStep::ReachedJoin,
         PendingNodeGoal::Join if deadline_passed => PendingStep::GiveUp,
@@ -113,7 +123,21 @@ impl Reconciler for PendingNodeReconciler {
         let node = self.nodes.get(&ObjectKey::cluster(&pn.spec.node_name));
         let ready = node.as_deref().is_some_and(node_is_ready);
         let deadline_passed = pn.spec.deadline_passed(Timestamp::now());
-        let step = decide(goal, !provider_id.is_empty(), state, ready, deadline_passed);
+        let age = pn
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
+            .unwrap_or_default();
+        let in_flight = age < CREATE_GRACE;
+        let step = decide(
+            goal,
+            !provider_id.is_empty(),
+            in_flight,
+            state,
+            ready,
+            deadline_passed,
+        );
 
         let status = json!({"status": {"cspState": csp_state(state), "reachedGoal": step == PendingStep::ReachedJoin}});
         if pn.status.as_ref().map(|s| (s.csp_state, s.reached_goal))
@@ -150,6 +174,7 @@ impl Reconciler for PendingNodeReconciler {
                 Ok(Action::RequeueAfter(POLL))
             }
             PendingStep::ReachedJoin => Ok(Action::Done),
+            PendingStep::CreateInFlight => Ok(Action::RequeueAfter(CREATE_GRACE.saturating_sub(age))),
             PendingStep::Wait => {
                 let until_deadline = pn
                     .spec
@@ -209,6 +234,7 @@ mod tests {
     fn decisions() {
         let cases = [
             (Join, false, None, false, false, PendingStep::FinishCreate),
+            (Join, false, None, true, true, PendingStep::FinishCreate),
             (Join, true, Some(Creating), false, false, PendingStep::Wait),
             (Join, true, Some(Ready), false, false, PendingStep::Wait),
             (Join, true, Some(Ready), true, false, PendingStep::ReachedJoin),
@@ -222,10 +248,19 @@ mod tests {
         ];
         for (goal, has_id, state, ready, late, want) in cases {
             assert_eq!(
-                decide(goal, has_id, state, ready, late),
+                decide(goal, has_id, false, state, ready, late),
                 want,
                 "{goal:?} {has_id} {state:?} {ready} {late}"
             );
         }
+        // A young PendingNode without a provider ID: its create may be under way.
+        assert_eq!(
+            decide(Join, false, true, None, false, false),
+            PendingStep::CreateInFlight
+        );
+        assert_eq!(
+            decide(Join, true, true, Some(Creating), false, false),
+            PendingStep::Wait
+        );
     }
 }

@@ -26,7 +26,7 @@ use super::rate_limiter::RateLimitConfig;
 use super::reflector::Reflector;
 use super::store::ObjectKey;
 use super::workqueue::WorkQueue;
-use crate::error::Categorized;
+use crate::error::{Categorized, Category};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{ControllerLabels, ErrorLabels, TraceLabels};
 
@@ -197,7 +197,14 @@ impl<R: Reconciler> Controller<R> {
                             })
                             .inc();
                         let _enter = span.enter();
-                        tracing::warn!(error = %e, %category, retries = queue.num_requeues(&key), "reconcile failed");
+                        let retries = queue.num_requeues(&key);
+                        // Optimistic-locking conflicts are routine: the next try
+                        // reads the newer object.
+                        if category == Category::Conflict {
+                            tracing::info!(error = %e, %category, retries, "reconcile conflicted; retrying");
+                        } else {
+                            tracing::warn!(error = %e, %category, retries, "reconcile failed");
+                        }
                         queue.add_rate_limited(key.clone());
                     }
                 }

@@ -112,6 +112,8 @@ pub struct NodeVersionStatus {
     pub invalid: Vec<ObjectReference>,
     /// How many more replacement nodes may be created right now.
     #[serde(default)]
+    // int32: the API server knows no "uint32" format (and warns on every apply).
+    #[schemars(extend("format" = "int32"))]
     pub budget: u32,
     /// Outdated (Constellation's), Progressing and Degraded, each with its observedGeneration.
     #[serde(default)]
@@ -121,15 +123,19 @@ pub struct NodeVersionStatus {
     pub active_cluster_version_upgrade: bool,
     /// Nodes governed by this NodeVersion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
     pub nodes: Option<u32>,
     /// Of those, nodes on the desired image and components.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
     pub up_to_date_nodes: Option<u32>,
     /// Of those, nodes still to be replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
     pub outdated_nodes: Option<u32>,
     /// Replacements in flight (instances created or nodes being drained).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
     pub replacing: Option<u32>,
     /// Up-to-date nodes of all nodes, e.g. "7/12" (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
