@@ -8,22 +8,13 @@ run_dir := env_var_or_default("NODEWARDEN_RUN_DIR", justfile_directory() / ".run
 default:
     @just --list
 
-# Start the local control plane with a handful of kwok nodes, and say how to use it.
-demo: build cluster-up
-    #!/usr/bin/env bash
-    set -euo pipefail
-    export NODEWARDEN_RUN_DIR="{{run_dir}}"
-    kubectl="$(cat "{{run_dir}}/bin-dir")/kubectl --kubeconfig {{run_dir}}/kubeconfig"
-    e2e/demo/kwok-nodes.sh 6 | $kubectl apply -f - >/dev/null
-    echo "waiting for the demo nodes to become Ready..."
-    $kubectl wait --for=condition=Ready node -l nodewarden.dev/demo=true --timeout=60s >/dev/null
-    $kubectl get nodes -o wide
-    echo
-    echo "The control plane runs in the background (logs: {{run_dir}}/*.log)."
-    echo "Point kubectl at it:"
-    echo "  export KUBECONFIG={{run_dir}}/kubeconfig"
-    echo "  $(cat "{{run_dir}}/bin-dir")/kubectl get nodes      # or: just kubectl get nodes"
-    echo "Stop it with: just cluster-down"
+# A rolling OS-image upgrade of 12 kwok nodes by 3 nodewarden replicas (leader killed midway), live.
+demo: build
+    e2e/demo/demo.sh run
+
+# Stop what `just demo` left running: its control plane, Jaeger, replicas and sim-cloud.
+demo-down:
+    e2e/demo/demo.sh down
 
 # Everything CI checks: formatting, clippy (warnings denied), unit and integration tests.
 test: lint check-crds
