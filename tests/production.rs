@@ -10,7 +10,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -25,7 +25,6 @@ use support::jaeger::{Jaeger, JaegerTrace};
 use support::rollout::*;
 use support::{Probe, TestEnv, seen, wait_for};
 use tokio::process::{Child, Command};
-use tokio_util::sync::CancellationToken;
 
 const SYSTEM_NAMESPACE: &str = "nodewarden-system";
 const PHASES: [&str; 7] = [
@@ -205,18 +204,6 @@ async fn wait_for_new_leader(
     }
 }
 
-fn on_image(nodes: &[Node], image: &str) -> usize {
-    nodes
-        .iter()
-        .filter(|n| {
-            n.status
-                .as_ref()
-                .and_then(|s| s.node_info.as_ref())
-                .is_some_and(|i| i.os_image == image)
-        })
-        .count()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one_trace_per_replacement() {
     let jaeger = Jaeger::start();
@@ -291,18 +278,7 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     })
     .await;
 
-    let surge = Arc::new(Mutex::new(2usize));
-    let breaches = Arc::new(Breaches::default());
-    let stop = CancellationToken::new();
-    let checker = tokio::spawn(check(
-        env.client.clone(),
-        env.id.clone(),
-        env.namespace.clone(),
-        9,
-        surge.clone(),
-        breaches.clone(),
-        stop.clone(),
-    ));
+    let checker = Checker::start(env, 9, 2);
 
     // Kill the leader (SIGKILL) twice mid-rollout, each time while an
     // instance is on its way: that replacement's trace must cross the change.
@@ -324,7 +300,7 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
                     let list = nodes.list(&ListParams::default().labels(&selector)).await;
                     let joining = pending.list(&ListParams::default().labels(&selector)).await;
                     if let (Ok(list), Ok(joining)) = (list, joining)
-                        && on_image(&list.items, "img-2") >= replaced
+                        && list.items.iter().filter(|n| runs_image(n, "img-2")).count() >= replaced
                         && joining.items.iter().any(|p| p.name_any().starts_with("join-"))
                     {
                         break;
@@ -374,9 +350,7 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
         })
         .await;
     }
-    stop.cancel();
-    let _ = checker.await;
-    let found = breaches.all();
+    let found = checker.finish().await;
     let replicas = Arc::try_unwrap(replicas)
         .ok()
         .expect("the killer is done")

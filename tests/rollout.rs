@@ -32,18 +32,7 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
     workload(env, "web", 6).await;
     workload(env, "api", 3).await;
 
-    let surge = Arc::new(Mutex::new(1usize));
-    let breaches = Arc::new(Breaches::default());
-    let stop = CancellationToken::new();
-    let checker = tokio::spawn(check(
-        env.client.clone(),
-        env.id.clone(),
-        env.namespace.clone(),
-        12,
-        surge.clone(),
-        breaches.clone(),
-        stop.clone(),
-    ));
+    let checker = Checker::start(env, 12, 1);
 
     // An operator's label on one worker must follow it to its heir (and the next).
     let nodes: Api<Node> = Api::all(env.client.clone());
@@ -63,11 +52,10 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
 
     let one = roll(&r, "img-2", 1).await;
     assert_no_leak(&r).await;
-    *surge.lock().unwrap_or_else(|e| e.into_inner()) = 3;
+    checker.set_surge(3);
     let three = roll(&r, "img-3", 3).await;
     assert_no_leak(&r).await;
-    stop.cancel();
-    let _ = checker.await;
+    let found = checker.finish().await;
 
     let ideal = |s: usize| (BOOT + JOIN) * (12_usize.div_ceil(s) as u32);
     println!(
@@ -97,7 +85,6 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
         }
     })
     .await;
-    let found = breaches.all();
     assert!(found.is_empty(), "invariants breached: {found:#?}");
     assert!(
         three < one,

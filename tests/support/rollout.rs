@@ -160,6 +160,58 @@ pub async fn check(
     }
 }
 
+/// The invariant checker running in the background for one rollout.
+pub struct Checker {
+    /// The surge the checker allows (change it with the rollout's).
+    pub surge: Arc<Mutex<usize>>,
+    breaches: Arc<Breaches>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Checker {
+    /// Starts checking the rollout of `base` nodes with `surge` extra at most.
+    pub fn start(env: &TestEnv, base: usize, surge: usize) -> Checker {
+        let surge = Arc::new(Mutex::new(surge));
+        let breaches = Arc::new(Breaches::default());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(check(
+            env.client.clone(),
+            env.id.clone(),
+            env.namespace.clone(),
+            base,
+            surge.clone(),
+            breaches.clone(),
+            stop.clone(),
+        ));
+        Checker {
+            surge,
+            breaches,
+            stop,
+            task,
+        }
+    }
+
+    pub fn set_surge(&self, surge: usize) {
+        *self.surge.lock().unwrap_or_else(|e| e.into_inner()) = surge;
+    }
+
+    /// Stops checking; what broke, if anything.
+    pub async fn finish(self) -> Vec<String> {
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.breaches.all()
+    }
+}
+
+/// Whether the node reports running `image`.
+pub fn runs_image(node: &Node, image: &str) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .is_some_and(|i| i.os_image == image)
+}
+
 pub struct Rollout {
     pub env: TestEnv,
     pub sim: OwnedSimCloud,
@@ -276,13 +328,7 @@ pub async fn roll(r: &Rollout, image: &str, surge: usize) -> Duration {
             let current = list
                 .items
                 .iter()
-                .filter(|n| {
-                    n.status
-                        .as_ref()
-                        .and_then(|s| s.node_info.as_ref())
-                        .is_some_and(|i| i.os_image == image)
-                })
-                .filter(|n| node_is_ready(n))
+                .filter(|n| runs_image(n, image) && node_is_ready(n))
                 .count();
             if current == total && list.items.len() == total {
                 Probe::Done(())
