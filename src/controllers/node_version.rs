@@ -38,8 +38,8 @@ use crate::runtime::store::{ObjectKey, Store};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{NodeStateLabels, NodeVersionLabels};
 use crate::telemetry::trace::{
-    self, REPLACE_NODE, ROLLOUT, ROLLOUT_TRACEPARENT_ANNOTATION, SpanRecord, TRACE_STARTED_ANNOTATION,
-    TRACEPARENT_ANNOTATION, TraceParent,
+    self, REPLACE_NODE, ROLLOUT, ROLLOUT_TRACEPARENT_ANNOTATION, SURPLUS_NODE, SpanRecord,
+    TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent,
 };
 
 pub const GROUP_ANNOTATION: &str = "constellation.edgeless.systems/scaling-group-id";
@@ -163,7 +163,6 @@ impl Reconciler for NodeVersionReconciler {
         // A node that joined for an older target (the image changed before it
         // was paired) replaces nobody: it is surplus, to drain and remove.
         let pending_api: Api<PendingNode> = Api::all(self.client.clone());
-        let node_api: Api<Node> = Api::all(self.client.clone());
         let mut joining_nodes: Vec<&str> = Vec::new();
         let mut surplus: Vec<String> = Vec::new();
         for p in pending
@@ -179,11 +178,8 @@ impl Reconciler for NodeVersionReconciler {
                     delete_if_present(&pending_api, &p.name_any(), &DeleteParams::default()).await?;
                 }
                 Some(n) if annotation(n, IMAGE_ANNOTATION).is_some() && !current(n) => {
-                    let patch = json!({"metadata": {"annotations": {OBSOLETE_ANNOTATION: "true"}}});
-                    node_api
-                        .patch(&n.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                    self.mark_surplus(&n.name_any(), "it joined on an image the rollout no longer wants")
                         .await?;
-                    delete_if_present(&pending_api, &p.name_any(), &DeleteParams::default()).await?;
                     surplus.push(n.name_any());
                 }
                 _ => joining_nodes.push(p.spec.node_name.as_str()),
@@ -370,14 +366,8 @@ impl NodeVersionReconciler {
                 }
             }
             Step::MarkObsolete { node } => {
-                let patch = json!({"metadata": {"annotations": {OBSOLETE_ANNOTATION: "true"}}});
-                node_api
-                    .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                self.mark_surplus(node, "no outdated node of its group is left to replace")
                     .await?;
-                let pending: Api<PendingNode> = Api::all(self.client.clone());
-                for p in self.pending.list().iter().filter(|p| p.spec.node_name == *node) {
-                    delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
-                }
             }
             Step::Drain { node } => {
                 let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.client.clone());
@@ -529,6 +519,34 @@ impl NodeVersionReconciler {
         pending
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        Ok(())
+    }
+
+    /// A new node nobody needs any more: marked for removal, its PendingNode
+    /// let go, and its trace closed (a root span `surplus node`, so the
+    /// phases it already has are not left without one).
+    async fn mark_surplus(&self, node: &str, why: &str) -> Result<()> {
+        let node_api: Api<Node> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {"annotations": {OBSOLETE_ANNOTATION: "true"}}});
+        node_api
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let pending: Api<PendingNode> = Api::all(self.client.clone());
+        for p in self.pending.list().iter().filter(|p| p.spec.node_name == node) {
+            if let Some((tp, started)) = trace::from_annotations(p.metadata.annotations.as_ref()) {
+                let now = SystemTime::now();
+                trace::emit_root(
+                    &tp,
+                    SpanRecord::new(SURPLUS_NODE, started.unwrap_or(now), now)
+                        .attr("k8s.node.name", node.to_string())
+                        .attr("nodewarden.scaling_group", p.spec.group_id.clone())
+                        .attr("nodewarden.reason", why.to_string())
+                        .link(trace::rollout_of(p.metadata.annotations.as_ref())),
+                );
+                trace::flush(TRACE_FLUSH_TIMEOUT).await;
+            }
+            delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
+        }
         Ok(())
     }
 

@@ -39,6 +39,9 @@ pub const ROLLOUT_TRACEPARENT_ANNOTATION: &str = "nodewarden.dev/rollout-tracepa
 
 /// The root span of a replacement.
 pub const REPLACE_NODE: &str = "replace node";
+/// The root span of a new node that ended up replacing nobody (the target
+/// moved on before it was paired); it is drained and removed.
+pub const SURPLUS_NODE: &str = "surplus node";
 /// The root span of a rollout.
 pub const ROLLOUT: &str = "rollout";
 
