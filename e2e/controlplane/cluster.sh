@@ -22,6 +22,8 @@ wanted=("${components[@]}")
 
 log() { echo "cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
+# shellcheck source=e2e/lib.sh
+source "$here/../lib.sh"
 
 bin_dir() {
   if [ -n "${NODEWARDEN_CONTROLPLANE_BIN:-}" ]; then
@@ -30,31 +32,6 @@ bin_dir() {
     "$here/build.sh" | tail -n 1
   fi
 }
-
-# free_port: a free loopback port below the kernel's ephemeral range, so that
-# no outgoing connection can take it while a component restarts on it.
-free_port() {
-  python3 - <<'PY'
-import random, socket
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-for _ in range(1000):
-    port = random.randrange(10000, max(low, 10001))
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(port)
-    break
-else:
-    raise SystemExit("no free port")
-PY
-}
-
-# alive PID: the process exists and is not a zombie waiting to be reaped.
-alive() { [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
 
 # port_free PORT: can a listener (with SO_REUSEADDR, as Go's) bind it now?
 port_free() {
@@ -65,34 +42,10 @@ except OSError: sys.exit(1)' "$1"
 }
 
 # pid_of NAME: the recorded pid, if that process is still the component we started.
-pid_of() {
-  local f="$run_dir/$1.pid" pid
-  [ -f "$f" ] || return 1
-  pid=$(cat "$f")
-  [ -n "$pid" ] && alive "$pid" || return 1
-  # A recycled pid belongs to some other program: never signal that.
-  [ "$(basename "$(readlink "/proc/$pid/exe" 2>/dev/null || true)")" = "$1" ] || return 1
-  echo "$pid"
-}
+pid_of() { pid_from_file "$run_dir/$1.pid" "$1"; }
 
 stop_component() {
-  local name=$1 pid i
-  pid=$(pid_of "$name") || { rm -f "$run_dir/$name.pid"; return 0; }
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 100); do
-    alive "$pid" || break
-    sleep 0.1
-  done
-  if alive "$pid"; then
-    log "$name (pid $pid) ignored SIGTERM for 10 s; killing"
-    kill -KILL "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do alive "$pid" || break; sleep 0.1; done
-  fi
-  alive "$pid" && die "$name (pid $pid) is still running"
-  # Dead; give init a moment to reap it, so nothing shows in pgrep afterwards.
-  for i in $(seq 1 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
-  rm -f "$run_dir/$name.pid"
-  log "stopped $name (pid $pid)"
+  if stop_pid "$1" "$run_dir/$1.pid" "$1"; then log "stopped $1 (pid $stopped_pid)"; fi
 }
 
 down() {
@@ -245,13 +198,14 @@ up() {
   BIN=$(bin_dir)
   echo "$BIN" >"$run_dir/bin-dir"
   make_pki
-  local etcd_port etcd_peer_port
-  etcd_port=$(free_port); etcd_peer_port=$(free_port)
+  local ports etcd_port etcd_peer_port apiserver_port cm_port scheduler_port kwok_port
+  ports=$(free_ports 6)
+  read -r etcd_port etcd_peer_port apiserver_port cm_port scheduler_port kwok_port <<<"$ports"
   echo "$etcd_port" >"$run_dir/etcd-port"
-  free_port >"$run_dir/apiserver-port"
-  free_port >"$run_dir/controller-manager-port"
-  free_port >"$run_dir/scheduler-port"
-  free_port >"$run_dir/kwok-port"
+  echo "$apiserver_port" >"$run_dir/apiserver-port"
+  echo "$cm_port" >"$run_dir/controller-manager-port"
+  echo "$scheduler_port" >"$run_dir/scheduler-port"
+  echo "$kwok_port" >"$run_dir/kwok-port"
 
   start etcd --name=nodewarden-local --data-dir="$run_dir/etcd-data" \
     --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \

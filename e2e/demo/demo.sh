@@ -38,32 +38,13 @@ ROLLOUT_TIMEOUT=${NODEWARDEN_DEMO_TIMEOUT:-600}
 
 say() { printf '\033[1m==>\033[0m %s\n' "$*"; }
 [ -t 1 ] || say() { printf '==> %s\n' "$*"; }
-die() { echo "demo: $*" >&2; exit 1; }
+log() { echo "demo: $*" >&2; }
+die() { log "$*"; exit 1; }
+# shellcheck source=e2e/lib.sh
+source "$here/../lib.sh"
 
-# alive PID: the process exists and is not a zombie.
-alive() { [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
-
-# ours PID: a live nodewarden process (a recorded pid may have been recycled).
-ours() { alive "$1" && [ "$(basename "$(readlink "/proc/$1/exe" 2>/dev/null || true)")" = nodewarden ]; }
-
-# stop_pidfile FILE: SIGTERM the nodewarden process FILE names (SIGKILL after 10 s).
-stop_pidfile() {
-  local f=$1 pid i
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  if [ -n "$pid" ] && ours "$pid"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do alive "$pid" || break; sleep 0.1; done
-    if alive "$pid"; then
-      echo "demo: $(basename "$f" .pid) (pid $pid) ignored SIGTERM; killing" >&2
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
-    # Our own child: reap it quietly; another's: wait until init has.
-    wait "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
-  fi
-  rm -f "$f"
-}
+# stop_pidfile FILE: stops the nodewarden process FILE names (a replica or the sim-cloud).
+stop_pidfile() { stop_pid "$(basename "$1" .pid)" "$1" nodewarden || true; }
 
 # stop_demo_processes: the replicas and the sim-cloud (this run's or a previous one's).
 stop_demo_processes() {
@@ -78,29 +59,6 @@ down() {
   if [ -d "$jaeger_dir" ]; then "$repo/e2e/jaeger/run.sh" stop "$jaeger_dir"; fi
   if [ -d "$NODEWARDEN_RUN_DIR" ]; then "$repo/e2e/controlplane/cluster.sh" down; fi
   echo "demo: stopped (logs of the last run stay in $run)"
-}
-
-# free_ports N: N distinct free loopback ports below the ephemeral range.
-free_ports() {
-  python3 - "$1" <<'PY'
-import random, socket, sys
-n = int(sys.argv[1])
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-ports = []
-while len(ports) < n:
-    port = random.randrange(10000, max(low, 10001))
-    if port in ports:
-        continue
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    ports.append(port)
-print(" ".join(map(str, ports)))
-PY
 }
 
 k() { "$kubectl" --kubeconfig "$NODEWARDEN_RUN_DIR/kubeconfig" "$@"; }
@@ -230,8 +188,22 @@ spec:
 EOF
 }
 
+# scaling_group GROUP ROLE: the ScalingGroup (named as its sim-cloud group) on $NV.
+scaling_group() {
+  cat <<EOF
+---
+apiVersion: update.edgeless.systems/v1alpha1
+kind: ScalingGroup
+metadata:
+  name: $1
+  labels: {$LABEL_KEY: "true"}
+spec: {nodeImage: $NV, groupId: $1, role: $2, autoscaling: false}
+EOF
+}
+
 apply_node_version() {
-  k apply -f - >/dev/null <<EOF
+  {
+    cat <<EOF
 apiVersion: update.edgeless.systems/v1alpha1
 kind: NodeVersion
 metadata:
@@ -240,21 +212,10 @@ metadata:
 spec:
   image: $OLD_IMAGE
   rollout: {maxSurge: 1, maxUnavailable: 0}
----
-apiVersion: update.edgeless.systems/v1alpha1
-kind: ScalingGroup
-metadata:
-  name: $CP_GROUP
-  labels: {$LABEL_KEY: "true"}
-spec: {nodeImage: $NV, groupId: $CP_GROUP, role: ControlPlane, autoscaling: false}
----
-apiVersion: update.edgeless.systems/v1alpha1
-kind: ScalingGroup
-metadata:
-  name: $WORKER_GROUP
-  labels: {$LABEL_KEY: "true"}
-spec: {nodeImage: $NV, groupId: $WORKER_GROUP, role: Worker, autoscaling: false}
 EOF
+    scaling_group "$CP_GROUP" ControlPlane
+    scaling_group "$WORKER_GROUP" Worker
+  } | k apply -f - >/dev/null
 }
 
 # spawn_replica I: one `nodewarden run`, as pod I of the 3-replica Deployment.

@@ -16,6 +16,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 log() { echo "jaeger: $*" >&2; }
 die() { log "$*"; exit 1; }
+# shellcheck source=e2e/lib.sh
+source "$here/../lib.sh"
 
 usage() { die "usage: $0 start|stop <run-dir>"; }
 [ $# -eq 2 ] || usage
@@ -31,64 +33,15 @@ bin_dir() {
   fi
 }
 
-# free_ports N: N distinct free loopback ports below the kernel's ephemeral range.
-free_ports() {
-  python3 - "$1" <<'PY'
-import random, socket, sys
-n = int(sys.argv[1])
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-ports = []
-for _ in range(5000):
-    if len(ports) == n:
-        break
-    port = random.randrange(10000, max(low, 10001))
-    if port in ports:
-        continue
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    ports.append(port)
-if len(ports) != n:
-    raise SystemExit("no free port")
-print(" ".join(map(str, ports)))
-PY
-}
-
-# alive PID: the process exists and is not a zombie waiting to be reaped.
-alive() { [ -d "/proc/$1" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
-
 # pid_of: the recorded pid, if that process is still the jaeger we started.
-pid_of() {
-  local f="$run_dir/jaeger.pid" pid
-  [ -f "$f" ] || return 1
-  pid=$(cat "$f")
-  [ -n "$pid" ] && alive "$pid" || return 1
-  # A recycled pid belongs to some other program: never signal that.
-  [ "$(basename "$(readlink "/proc/$pid/exe" 2>/dev/null || true)")" = jaeger ] || return 1
-  echo "$pid"
-}
+pid_of() { pid_from_file "$run_dir/jaeger.pid" jaeger; }
 
 stop() {
-  local pid i
-  pid=$(pid_of) || { rm -f "$run_dir/jaeger.pid"; log "not running in $run_dir"; return 0; }
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 100); do
-    alive "$pid" || break
-    sleep 0.1
-  done
-  if alive "$pid"; then
-    log "jaeger (pid $pid) ignored SIGTERM for 10 s; killing"
-    kill -KILL "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do alive "$pid" || break; sleep 0.1; done
+  if stop_pid jaeger "$run_dir/jaeger.pid" jaeger; then
+    log "stopped jaeger (pid $stopped_pid)"
+  else
+    log "not running in $run_dir"
   fi
-  alive "$pid" && die "jaeger (pid $pid) is still running"
-  for i in $(seq 1 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
-  rm -f "$run_dir/jaeger.pid"
-  log "stopped jaeger (pid $pid)"
 }
 
 # ready: the query API answers and the OTLP/HTTP receiver accepts an (empty) export.
@@ -148,7 +101,7 @@ EOF
 }
 
 start() {
-  local pid i bin
+  local pid bin
   if pid=$(pid_of); then
     query_port=$(cat "$run_dir/query-port")
     otlp_port=$(cat "$run_dir/otlp-http-port")
@@ -168,7 +121,7 @@ start() {
   # setsid: jaeger outlives the shell that started it.
   setsid "$bin/jaeger" --config "file:$run_dir/config.yaml" >"$run_dir/jaeger.log" 2>&1 </dev/null &
   echo $! >"$run_dir/jaeger.pid"
-  for i in $(seq 1 600); do
+  for _ in $(seq 1 600); do
     if ! alive "$(cat "$run_dir/jaeger.pid")"; then
       log "jaeger died during start-up; last lines of $run_dir/jaeger.log:"
       tail -n 30 "$run_dir/jaeger.log" >&2 || true
