@@ -210,15 +210,7 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     let r = setup("ha", &[("cp", "ControlPlane", 3), ("workers", "Worker", 6)]).await;
     let env: &TestEnv = &r.env;
     workload(env, "web", 4).await;
-    let nodes: Api<Node> = Api::all(env.client.clone());
-    let initial: BTreeSet<String> = nodes
-        .list(&ListParams::default().labels(&env.run_selector()))
-        .await
-        .expect("listing nodes")
-        .items
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
+    let initial = node_names(env).await;
     assert_eq!(initial.len(), 9);
 
     // Kept after the test: the replicas' logs are where a failure is explained.

@@ -204,6 +204,18 @@ impl Checker {
     }
 }
 
+/// The names of the test's nodes now.
+pub async fn node_names(env: &TestEnv) -> BTreeSet<String> {
+    Api::<Node>::all(env.client.clone())
+        .list(&ListParams::default().labels(&env.run_selector()))
+        .await
+        .expect("listing nodes")
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .collect()
+}
+
 /// Whether the node reports running `image`.
 pub fn runs_image(node: &Node, image: &str) -> bool {
     node.status
@@ -343,15 +355,7 @@ pub async fn roll(r: &Rollout, image: &str, surge: usize) -> Duration {
 
 /// Every instance the sim ever made is a current node or terminated (invariant 4).
 pub async fn assert_no_leak(r: &Rollout) {
-    let nodes: Api<Node> = Api::all(r.env.client.clone());
-    let names: BTreeSet<String> = nodes
-        .list(&ListParams::default().labels(&r.env.run_selector()))
-        .await
-        .expect("listing nodes")
-        .items
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
+    let names = node_names(&r.env).await;
     wait_for(
         "every instance a node or terminated",
         Duration::from_secs(30),
