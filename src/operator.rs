@@ -194,6 +194,7 @@ pub async fn run(
     tasks.spawn(stop_drains_when_not_leading(
         leader.clone(),
         engine.clone(),
+        metrics.clone(),
         work.clone(),
     ));
     let elector_task = tokio::spawn(elector.run(election.clone()));
@@ -269,6 +270,7 @@ fn all_claims(a: Store<medik8s::NodeMaintenance>, b: Store<kubevirt::NodeMainten
 async fn stop_drains_when_not_leading(
     leader: LeaderHandle,
     engine: DrainEngine,
+    metrics: Metrics,
     shutdown: CancellationToken,
 ) {
     let mut leading = leader.subscribe();
@@ -279,6 +281,7 @@ async fn stop_drains_when_not_leading(
         }
         if !*leading.borrow_and_update() {
             engine.stop_all();
+            metrics.forget_leader_state();
         }
     }
     engine.stop_all();

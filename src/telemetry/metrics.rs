@@ -211,11 +211,51 @@ impl Metrics {
         }
     }
 
+    /// Leadership lost: the gauges only a leader keeps current go, so no
+    /// dashboard or alert reads a former leader's last values.
+    pub fn forget_leader_state(&self) {
+        self.nodes.clear();
+        self.rollout_progress.clear();
+        self.rollout_last_progress.clear();
+        self.drains_running.set(0);
+        self.drains_blocked.set(0);
+    }
+
     /// The metrics in OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_former_leader_exports_no_rollout_state() {
+        let m = Metrics::new();
+        let nv = NodeVersionLabels {
+            nodeversion: "v".into(),
+        };
+        m.rollout_progress.get_or_create(&nv).set(0.5);
+        m.nodes
+            .get_or_create(&NodeStateLabels {
+                nodeversion: "v".into(),
+                state: "outdated".into(),
+            })
+            .set(3);
+        m.drains_blocked.set(1);
+        assert!(
+            m.encode()
+                .contains("nodewarden_rollout_progress_ratio{nodeversion=\"v\"} 0.5")
+        );
+        m.forget_leader_state();
+        let text = m.encode();
+        assert!(!text.contains("nodewarden_rollout_progress_ratio{"), "{text}");
+        assert!(!text.contains("nodewarden_nodes{"), "{text}");
+        assert!(text.contains("nodewarden_drains_blocked 0"), "{text}");
     }
 }
