@@ -174,7 +174,11 @@ impl Reconciler for NodeVersionReconciler {
                 // the PendingNode): finish that. Counting it as joining would
                 // make the heir a fresh mint again once its donor is gone, and
                 // pair it with a second donor.
-                Some(n) if annotation(n, DONOR_ANNOTATION).is_some() => {
+                // Likewise a node marked surplus whose PendingNode survived.
+                Some(n)
+                    if annotation(n, DONOR_ANNOTATION).is_some()
+                        || annotation(n, OBSOLETE_ANNOTATION).is_some() =>
+                {
                     delete_if_present(&pending_api, &p.name_any(), &DeleteParams::default()).await?;
                 }
                 Some(n) if annotation(n, IMAGE_ANNOTATION).is_some() && !current(n) => {
@@ -323,9 +327,13 @@ impl NodeVersionReconciler {
                     .collect();
                 labels.retain(|_, v| v.is_some());
                 // The replacement's trace moves from the PendingNode to both nodes.
+                // (From the heir itself when finishing a half-written pairing
+                // whose PendingNode is gone.)
+                let heir_node = find(heir);
                 let carried: BTreeMap<&str, &String> = joined
                     .as_ref()
                     .and_then(|p| p.metadata.annotations.as_ref())
+                    .or(heir_node.as_ref().and_then(|h| h.metadata.annotations.as_ref()))
                     .map(|a| {
                         [
                             TRACEPARENT_ANNOTATION,

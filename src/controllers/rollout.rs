@@ -183,6 +183,21 @@ pub fn plan(f: &Facts) -> Vec<Step> {
     // Pair each Ready mint with the first outdated node of its group that has no heir.
     let mut taken: BTreeSet<&str> = BTreeSet::new();
     let mut paired_mints = 0usize;
+
+    // A pairing half written (a leader died between annotating the heir and
+    // its donor): the heir names a donor that names no heir. Finish it, or
+    // the donor would get a second heir and the first would be left over.
+    for heir in f.nodes.iter() {
+        let Some(donor) = heir.heir_of.as_deref().and_then(|d| by_name.get(d)) else {
+            continue;
+        };
+        if donor.donor_to.is_none() && taken.insert(donor.name.as_str()) {
+            steps.push(Step::Pair {
+                donor: donor.name.clone(),
+                heir: heir.name.clone(),
+            });
+        }
+    }
     for mint in f
         .nodes
         .iter()
@@ -504,6 +519,35 @@ mod tests {
         }];
         let nodes = [old("a", "w")];
         assert_eq!(plan(&facts(&groups, &nodes, &[], 1)), []);
+    }
+
+    #[test]
+    fn a_half_written_pairing_is_finished_not_paired_again() {
+        let groups = [group("w", Role::Worker)];
+        // h names d as its donor; d does not name h yet. m is a fresh mint.
+        let nodes = [
+            old("d", "w"),
+            NodeFacts {
+                heir_of: Some("d".into()),
+                ..new("h", "w")
+            },
+            old("e", "w"),
+            mint("m", "w"),
+        ];
+        let steps = plan(&facts(&groups, &nodes, &[], 2));
+        assert_eq!(
+            steps,
+            [
+                Step::Pair {
+                    donor: "d".into(),
+                    heir: "h".into()
+                },
+                Step::Pair {
+                    donor: "e".into(),
+                    heir: "m".into()
+                },
+            ]
+        );
     }
 
     #[test]
