@@ -125,7 +125,7 @@ pub async fn run(
         workers: config.workers,
         ..Default::default()
     };
-    let medik8s_controller = maintenance_controller(
+    let mut medik8s_controller = maintenance_controller(
         "nodemaintenance",
         &maintenance,
         &mut nm_medik8s,
@@ -133,7 +133,7 @@ pub async fn run(
         &controller_config,
         &metrics,
     );
-    let kubevirt_controller = maintenance_controller(
+    let mut kubevirt_controller = maintenance_controller(
         "nodemaintenance-kubevirt",
         &maintenance,
         &mut nm_kubevirt,
@@ -141,6 +141,10 @@ pub async fn run(
         &controller_config,
         &metrics,
     );
+
+    // Claims on a node come from both groups' stores.
+    medik8s_controller.needs(&kubevirt_store);
+    kubevirt_controller.needs(&medik8s_store);
 
     let mut rollout_tasks = Vec::new();
     let mut rollout_synced: Vec<SyncedCheck> = Vec::new();
@@ -366,6 +370,8 @@ fn rollout_controllers(
         controller_config.clone(),
         metrics.clone(),
     );
+    // Read, not watched: the autoscaler's strategies.
+    version_controller.needs(&strategy_store);
     // Few NodeVersions exist: any relevant change looks at all of them.
     let all_versions = {
         let store = version_store.clone();

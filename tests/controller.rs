@@ -240,3 +240,63 @@ async fn only_the_leader_reconciles_and_a_new_leader_takes_over() {
     standby.tasks.abort_all();
     env.cleanup().await;
 }
+
+/// A new leader's workers wait until every store the reconciler reads holds
+/// its first full list: deciding on an empty cache would, for a rollout,
+/// create again the instances that are already on their way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_start_only_once_every_needed_store_is_synced() {
+    let env = TestEnv::new("controller-sync").await;
+    let client = control_plane().client().await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &env.namespace);
+    create(&api, "waiting", json!({})).await;
+
+    let mut config = LeaderElectionConfig::new(env.namespace.clone(), "sync-test", "only");
+    config.lease_duration = Duration::from_secs(3);
+    config.renew_deadline = Duration::from_secs(2);
+    config.retry_period = Duration::from_millis(500);
+    let elector = LeaderElector::new(client.clone(), config).expect("a valid election config");
+    let leader = elector.handle();
+    let mut reflector = Reflector::new("configmaps", api.clone(), ReflectorConfig::default());
+    // A second store the reconciler reads, whose reflector starts late.
+    let late = Reflector::new("late", api.clone(), ReflectorConfig::default());
+    let reconciles = Arc::new(AtomicUsize::new(0));
+    let marker = Marker {
+        api: api.clone(),
+        store: reflector.store(),
+        leader: leader.clone(),
+        reconciles: reconciles.clone(),
+        attempts: Arc::default(),
+        failures: Arc::default(),
+    };
+    let mut controller = Controller::new("marker", marker, ControllerConfig::default(), Metrics::new());
+    controller.watches(&mut reflector, |cm: &ConfigMap| {
+        ObjectKey::of(cm).into_iter().collect()
+    });
+    controller.needs(&late.store());
+    let stop = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    tasks.spawn(reflector.run(stop.clone()));
+    tasks.spawn(controller.run(leader.clone(), stop.clone()));
+    tasks.spawn(elector.run(stop.clone()));
+
+    wait_for("leadership", Duration::from_secs(30), || async {
+        if leader.is_leader() {
+            Probe::Done(())
+        } else {
+            Probe::NotYet("not leading".into())
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        reconciles.load(Ordering::SeqCst),
+        0,
+        "no reconcile while a needed store is unsynced"
+    );
+    tasks.spawn(late.run(stop.clone()));
+    wait_marked(&api, "waiting", "only").await;
+    stop.cancel();
+    while tasks.join_next().await.is_some() {}
+    env.cleanup().await;
+}

@@ -277,3 +277,150 @@ async fn a_new_image_mid_rollout_wins_and_the_autoscaler_is_paused_meanwhile() {
     sim.sim.kill().await;
     env.cleanup().await;
 }
+
+/// What a leader killed at the worst moments leaves behind, made by hand,
+/// then a fresh operator: it must finish every half-done step and end with
+/// exactly the nodes it started with, all current, nothing leaked.
+/// - a pairing half written: the heir names its donor, the donor no heir;
+/// - a pairing done whose PendingNode was not deleted yet;
+/// - a PendingNode written, its cloud create never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_resumes_from_the_states_a_killed_leader_leaves() {
+    use nodewarden::api::update::PendingNode;
+    use nodewarden::cloud::CreateNodeRequest;
+
+    let r = setup("resume", &[("workers", "Worker", 3)]).await;
+    let env = &r.env;
+    let group = r.groups[0].0.clone();
+    let old: Vec<String> = node_names(env).await.into_iter().collect();
+    let provider = &r.sim.sim.provider;
+    provider
+        .set_group_image(&group, "img-2")
+        .await
+        .expect("the group's new image");
+    let nv_patch = json!({"spec": {"image": "img-2", "rollout": {"maxSurge": 3}}});
+    Api::<NodeVersion>::all(env.client.clone())
+        .patch(
+            &env.name("version"),
+            &PatchParams::default(),
+            &Patch::Merge(&nv_patch),
+        )
+        .await
+        .expect("the new image");
+
+    // Two new nodes, created as the dead leader would have.
+    let pending: Api<PendingNode> = Api::all(env.client.clone());
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let deadline =
+        k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second() + 600)
+            .expect("a time")
+            .to_string();
+    let mut heirs = Vec::new();
+    for name in ["join-half", "join-left"] {
+        let pn_name = env.name(name);
+        let created = provider
+            .create_node(&CreateNodeRequest::new(&group).with_request_id(&pn_name))
+            .await
+            .expect("an instance");
+        let pn: PendingNode = serde_json::from_value(json!({
+            "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "PendingNode",
+            "metadata": {"name": pn_name, "labels": {RUN_LABEL: env.id}},
+            "spec": {"providerID": created.provider_id, "groupID": group, "nodeName": created.node_name,
+                     "goal": "Join", "deadline": deadline},
+        }))
+        .expect("a PendingNode");
+        pending
+            .create(&PostParams::default(), &pn)
+            .await
+            .expect("creating");
+        heirs.push(created.node_name);
+    }
+    for heir in &heirs {
+        wait_for(&format!("{heir} Ready"), Duration::from_secs(60), || async {
+            match nodes.get_opt(heir).await {
+                Ok(Some(n)) if support::node_is_ready(&n) => Probe::Done(()),
+                Ok(_) => Probe::NotYet("not Ready".into()),
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        })
+        .await;
+    }
+    let annotate = |node: String, annotations: serde_json::Value| {
+        let nodes = nodes.clone();
+        async move {
+            nodes
+                .patch(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"metadata": {"annotations": annotations}})),
+                )
+                .await
+                .expect("annotating");
+        }
+    };
+    const DONOR: &str = "constellation.edgeless.systems/donor";
+    const HEIR: &str = "constellation.edgeless.systems/heir";
+    // Half written: only the heir's side.
+    annotate(heirs[0].clone(), json!({DONOR: old[0]})).await;
+    // Both sides written, the PendingNode left.
+    annotate(heirs[1].clone(), json!({DONOR: old[1]})).await;
+    annotate(old[1].clone(), json!({HEIR: heirs[1]})).await;
+    // A create written down but never sent.
+    let never_sent: PendingNode = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "PendingNode",
+        "metadata": {"name": env.name("join-unsent"), "labels": {RUN_LABEL: env.id}},
+        "spec": {"groupID": group, "goal": "Join", "deadline": deadline},
+    }))
+    .expect("a PendingNode");
+    pending
+        .create(&PostParams::default(), &never_sent)
+        .await
+        .expect("creating");
+
+    // 3 nodes, 2 heirs and 1 instance on its way: surge 3 from the start.
+    let checker = Checker::start(env, 3, 3);
+    let cloud: Arc<dyn CloudProvider> = Arc::new(provider.clone());
+    let op = env
+        .start_operator_with(MaintenanceConfig::default(), Some(cloud), "operator")
+        .await;
+    wait_for("three nodes, all on img-2", Duration::from_secs(120), || async {
+        let names = node_names(env).await;
+        let list = nodes
+            .list(&ListParams::default().labels(&env.run_selector()))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let current = list
+            .iter()
+            .filter(|n| runs_image(n, "img-2") && support::node_is_ready(n))
+            .count();
+        if names.len() == 3 && current == 3 && old.iter().all(|o| !names.contains(o)) {
+            Probe::Done(())
+        } else {
+            Probe::NotYet(format!("{names:?}, {current} on img-2"))
+        }
+    })
+    .await;
+    assert!(
+        node_names(env).await.contains(&heirs[0]),
+        "the half-paired heir replaced its donor"
+    );
+    assert_no_leak(&r).await;
+    wait_for("no PendingNode left", Duration::from_secs(60), || async {
+        match pending
+            .list(&ListParams::default().labels(&env.run_selector()))
+            .await
+        {
+            Ok(l) if l.items.is_empty() => Probe::Done(()),
+            Ok(l) => Probe::NotYet(format!("{} left", l.items.len())),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let found = checker.finish().await;
+    assert!(found.is_empty(), "invariants breached: {found:#?}");
+    op.stop().await;
+    let Rollout { env, sim, .. } = r;
+    sim.sim.kill().await;
+    env.cleanup().await;
+}

@@ -24,7 +24,7 @@ use tracing::Instrument;
 use super::leader::LeaderHandle;
 use super::rate_limiter::RateLimitConfig;
 use super::reflector::Reflector;
-use super::store::ObjectKey;
+use super::store::{ObjectKey, Store};
 use super::workqueue::WorkQueue;
 use crate::error::{Categorized, Category};
 use crate::telemetry::Metrics;
@@ -63,12 +63,16 @@ impl Default for ControllerConfig {
 /// Lists every key a mapper knows (used when leadership is gained).
 type Resync = Box<dyn Fn() -> Vec<ObjectKey> + Send + Sync>;
 
+/// Resolves once a store the reconciler reads has its first full list.
+type SyncedWait = Box<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
 pub struct Controller<R: Reconciler> {
     name: String,
     reconciler: Arc<R>,
     queue: WorkQueue<ObjectKey>,
     config: ControllerConfig,
     resyncs: Vec<Resync>,
+    synced: Vec<SyncedWait>,
     metrics: Metrics,
 }
 
@@ -81,6 +85,7 @@ impl<R: Reconciler> Controller<R> {
             queue,
             config,
             resyncs: Vec::new(),
+            synced: Vec::new(),
             metrics,
         }
     }
@@ -109,8 +114,24 @@ impl<R: Reconciler> Controller<R> {
             }
         });
         let store = reflector.store();
+        self.needs(&store);
         self.resyncs.push(Box::new(move || {
             store.list().iter().flat_map(|o| map(o)).collect()
+        }));
+    }
+
+    /// The reconciler reads `store` (watched or not): no worker starts before
+    /// it holds its first full list. Deciding on an empty cache is how a
+    /// fresh leader would create instances it already has (client-go's
+    /// WaitForCacheSync).
+    pub fn needs<K>(&mut self, store: &Store<K>)
+    where
+        K: Resource + Clone + Send + Sync + 'static,
+    {
+        let store = store.clone();
+        self.synced.push(Box::new(move || {
+            let store = store.clone();
+            Box::pin(async move { store.wait_synced().await })
         }));
     }
 
@@ -122,7 +143,13 @@ impl<R: Reconciler> Controller<R> {
                 _ = shutdown.cancelled() => break,
                 changed = leading.wait_for(|l| *l) => if changed.is_err() { break },
             }
-            tracing::info!(controller = %self.name, "leading: starting workers");
+            let synced = futures::future::join_all(self.synced.iter().map(|wait| wait()));
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = leading.wait_for(|l| !*l) => continue,
+                _ = synced => {}
+            }
+            tracing::info!(controller = %self.name, "leading, caches synced: starting workers");
             for key in self.resyncs.iter().flat_map(|resync| resync()) {
                 self.queue.add(key);
             }
