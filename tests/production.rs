@@ -359,29 +359,13 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     // Metrics: the leader's view of the finished rollout, with exemplars.
     let leader = holder(&leases, &lease_name).await.expect("a leader");
     let nv = env.name("version");
-    let mut scraped = BTreeMap::new();
-    for (identity, addr) in &replicas.http {
-        let text = support::jaeger::http_get(&format!("http://{addr}/metrics"))
-            .await
-            .unwrap_or_else(|e| panic!("scraping {identity}: {e}"));
-        scraped.insert(identity.clone(), text);
-    }
     let value = |text: &str, series: &str| -> Option<f64> {
         text.lines()
             .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
             .and_then(|l| l[series.len()..].split_whitespace().next())
             .and_then(|v| v.parse().ok())
     };
-    for (identity, text) in &scraped {
-        let want = if *identity == leader { 1.0 } else { 0.0 };
-        assert_eq!(
-            value(text, "nodewarden_leader"),
-            Some(want),
-            "{identity}'s leader gauge"
-        );
-    }
-    let at_leader = &scraped[&leader];
-    for (series, want) in [
+    let finished = [
         (
             format!("nodewarden_nodes{{nodeversion=\"{nv}\",state=\"up_to_date\"}}"),
             9.0,
@@ -394,9 +378,44 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
             format!("nodewarden_rollout_progress_ratio{{nodeversion=\"{nv}\"}}"),
             1.0,
         ),
-    ] {
-        assert_eq!(value(at_leader, &series), Some(want), "{series} at the leader");
+    ];
+    // The leader's last reconcile may still be running when the test sees
+    // the last node go: poll until its gauges show the finished rollout.
+    let scraped: BTreeMap<String, String> = wait_for(
+        "the leader's gauges to show the finished rollout",
+        Duration::from_secs(15),
+        || async {
+            let mut scraped = BTreeMap::new();
+            for (identity, addr) in &replicas.http {
+                match support::jaeger::http_get(&format!("http://{addr}/metrics")).await {
+                    Ok(text) => scraped.insert(identity.clone(), text),
+                    Err(e) => return Probe::NotYet(format!("scraping {identity}: {e}")),
+                };
+            }
+            let wrong: Vec<String> = finished
+                .iter()
+                .filter(|(series, want)| value(&scraped[&leader], series) != Some(*want))
+                .map(|(series, want)| {
+                    format!("{series} is {:?}, not {want}", value(&scraped[&leader], series))
+                })
+                .collect();
+            if wrong.is_empty() {
+                Probe::Done(scraped)
+            } else {
+                Probe::NotYet(wrong.join("; "))
+            }
+        },
+    )
+    .await;
+    for (identity, text) in &scraped {
+        let want = if *identity == leader { 1.0 } else { 0.0 };
+        assert_eq!(
+            value(text, "nodewarden_leader"),
+            Some(want),
+            "{identity}'s leader gauge"
+        );
     }
+    let at_leader = &scraped[&leader];
     let counted = |prefix: &str| -> f64 {
         scraped
             .values()
