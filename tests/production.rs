@@ -213,7 +213,7 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     let initial = node_names(env).await;
     assert_eq!(initial.len(), 9);
 
-    // Kept after the test: the replicas' logs are where a failure is explained.
+    // Kept when the test fails: the replicas' logs are where a failure is explained.
     let dir = tempfile::Builder::new()
         .prefix(&format!("nodewarden-{}-", env.id))
         .tempdir()
@@ -552,6 +552,8 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     );
 
     drop(replicas);
+    // Passed: the logs are not needed any more.
+    let _ = std::fs::remove_dir_all(dir);
     let _ = leases.delete(&lease_name, &DeleteParams::default()).await;
     let Rollout { env, sim, .. } = r;
     sim.sim.kill().await;
