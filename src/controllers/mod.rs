@@ -5,6 +5,7 @@ pub mod joining_node;
 pub mod node_maintenance;
 pub mod node_version;
 pub mod pending_node;
+pub mod replacement_trace;
 pub mod rollout;
 pub mod scaling_group;
 

@@ -19,7 +19,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::node_version::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
+use super::replacement_trace::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
 use super::{delete_if_present, node_is_ready};
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
 use crate::cloud::{CloudProvider, CreateNodeRequest, InstanceState};
