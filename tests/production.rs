@@ -23,7 +23,7 @@ use nodewarden::api::update::PendingNode;
 use serde_json::json;
 use support::jaeger::{Jaeger, JaegerTrace};
 use support::rollout::*;
-use support::{Probe, TestEnv, seen, wait_for};
+use support::{Probe, TestEnv, wait_for};
 use tokio::process::{Child, Command};
 
 const SYSTEM_NAMESPACE: &str = "nodewarden-system";
@@ -314,34 +314,8 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     let took = roll(&r, "img-2", 2).await;
     let failovers = killer.await.expect("the killer task");
     assert_no_leak(&r).await;
-    for (what, api) in [
-        ("NodeMaintenance", "nodemaintenances"),
-        ("PendingNode", "pendingnodes"),
-    ] {
-        let client = env.client.clone();
-        let selector = env.run_selector();
-        wait_for(&format!("no {what} left"), Duration::from_secs(60), || {
-            let (client, selector) = (client.clone(), selector.clone());
-            async move {
-                let count = match api {
-                    "pendingnodes" => Api::<PendingNode>::all(client)
-                        .list(&ListParams::default().labels(&selector))
-                        .await
-                        .map(|l| l.items.len()),
-                    _ => Api::<nodewarden::api::node_maintenance::medik8s::NodeMaintenance>::all(client)
-                        .list(&ListParams::default().labels(&selector))
-                        .await
-                        .map(|l| l.items.len()),
-                };
-                match count {
-                    Ok(0) => Probe::Done(()),
-                    Ok(n) => Probe::NotYet(format!("{n} left")),
-                    Err(e) => Probe::NotYet(seen(e)),
-                }
-            }
-        })
-        .await;
-    }
+    wait_none_left::<nodewarden::api::node_maintenance::medik8s::NodeMaintenance>(env).await;
+    wait_none_left::<PendingNode>(env).await;
     let found = checker.finish().await;
     let replicas = Arc::try_unwrap(replicas)
         .ok()

@@ -72,19 +72,7 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
     assert_eq!(labelled.len(), 1, "the label moved from donor to heir, twice");
     assert_ne!(labelled[0].name_any(), worker);
     // The drains' NodeMaintenances went with their nodes.
-    let maintenances: Api<nodewarden::api::node_maintenance::medik8s::NodeMaintenance> =
-        Api::all(env.client.clone());
-    wait_for("no NodeMaintenance left", Duration::from_secs(60), || async {
-        match maintenances
-            .list(&ListParams::default().labels(&env.run_selector()))
-            .await
-        {
-            Ok(l) if l.items.is_empty() => Probe::Done(()),
-            Ok(l) => Probe::NotYet(format!("{} left", l.items.len())),
-            Err(e) => Probe::NotYet(seen(e)),
-        }
-    })
-    .await;
+    wait_none_left::<nodewarden::api::node_maintenance::medik8s::NodeMaintenance>(env).await;
     assert!(found.is_empty(), "invariants breached: {found:#?}");
     assert!(
         three < one,
@@ -406,17 +394,7 @@ async fn a_rollout_resumes_from_the_states_a_killed_leader_leaves() {
         "the half-paired heir replaced its donor"
     );
     assert_no_leak(&r).await;
-    wait_for("no PendingNode left", Duration::from_secs(60), || async {
-        match pending
-            .list(&ListParams::default().labels(&env.run_selector()))
-            .await
-        {
-            Ok(l) if l.items.is_empty() => Probe::Done(()),
-            Ok(l) => Probe::NotYet(format!("{} left", l.items.len())),
-            Err(e) => Probe::NotYet(seen(e)),
-        }
-    })
-    .await;
+    wait_none_left::<PendingNode>(env).await;
     let found = checker.finish().await;
     assert!(found.is_empty(), "invariants breached: {found:#?}");
     op.stop().await;

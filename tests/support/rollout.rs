@@ -204,6 +204,30 @@ impl Checker {
     }
 }
 
+/// Waits until none of the test's `K` (cluster-scoped, run-labelled) is left.
+pub async fn wait_none_left<K>(env: &TestEnv)
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(env.client.clone());
+    let selector = env.run_selector();
+    wait_for(
+        &format!("no {} left", K::kind(&())),
+        Duration::from_secs(60),
+        || async {
+            match api.list(&ListParams::default().labels(&selector)).await {
+                Ok(l) if l.items.is_empty() => Probe::Done(()),
+                Ok(l) => Probe::NotYet(format!("{} left", l.items.len())),
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        },
+    )
+    .await;
+}
+
 /// The names of the test's nodes now.
 pub async fn node_names(env: &TestEnv) -> BTreeSet<String> {
     Api::<Node>::all(env.client.clone())
