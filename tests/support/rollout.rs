@@ -62,12 +62,15 @@ pub async fn check(
     let mut pending = Reflector::new("checker-pending", Api::<PendingNode>::all(client.clone()), config);
     let (node_store, pending_store) = (nodes.store(), pending.store());
 
+    let confirming = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let count_check = {
-        let (node_store, pending_store, surge, breaches) = (
+        let (node_store, pending_store, surge, breaches, client, selector) = (
             node_store.clone(),
             pending_store.clone(),
             surge.clone(),
             breaches.clone(),
+            client.clone(),
+            selector.clone(),
         );
         Arc::new(move || {
             let names: BTreeSet<String> = node_store.keys().into_iter().map(|k| k.name).collect();
@@ -85,11 +88,24 @@ pub async fn check(
                     names.len()
                 ));
             }
-            if names.len() + joins > allowed {
-                breaches.add(format!(
-                    "{} nodes + {joins} joining > {allowed} allowed",
-                    names.len()
-                ));
+            // The two watches are separate streams: one may run ahead of the
+            // other (a new PendingNode seen before an older Node deletion).
+            // A count over the limit is confirmed against the API server.
+            if names.len() + joins > allowed && !confirming.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                let (client, selector, breaches, confirming) = (
+                    client.clone(),
+                    selector.clone(),
+                    breaches.clone(),
+                    confirming.clone(),
+                );
+                tokio::spawn(async move {
+                    if let Some((nodes, joins)) = in_flight_now(&client, &selector).await
+                        && nodes + joins > allowed
+                    {
+                        breaches.add(format!("{nodes} nodes + {joins} joining > {allowed} allowed"));
+                    }
+                    confirming.store(false, std::sync::atomic::Ordering::SeqCst);
+                });
             }
         })
     };
@@ -158,6 +174,29 @@ pub async fn check(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Nodes and instances on their way at one moment, from the API server:
+/// nodes listed before and after the PendingNodes, and only nodes in both
+/// lists counted, so nothing created or deleted in between inflates the sum.
+async fn in_flight_now(client: &Client, selector: &str) -> Option<(usize, usize)> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pending: Api<PendingNode> = Api::all(client.clone());
+    let params = ListParams::default().labels(selector);
+    let names = |l: kube::api::ObjectList<Node>| -> BTreeSet<String> {
+        l.items.iter().map(|n| n.name_any()).collect()
+    };
+    let before = names(nodes.list(&params).await.ok()?);
+    let joins = pending.list(&params).await.ok()?;
+    let after = names(nodes.list(&params).await.ok()?);
+    let seen: BTreeSet<&String> = before.union(&after).collect();
+    let joining = joins
+        .items
+        .iter()
+        .filter(|p| p.spec.goal == Some(nodewarden::api::update::PendingNodeGoal::Join))
+        .filter(|p| !seen.contains(&p.spec.node_name))
+        .count();
+    Some((before.intersection(&after).count(), joining))
 }
 
 /// The invariant checker running in the background for one rollout.
