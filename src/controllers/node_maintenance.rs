@@ -570,10 +570,11 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
                 i64::from(drain.progress.eviction_pods),
             )
             .attr("nodewarden.pods.forced", i64::from(drain.progress.forced))
-            // Evictions before a leader change were another replica's: not events here.
+            // Counted from this replica's own events: evictions before a
+            // leader change were another replica's (its drain span was lost).
             .attr(
-                "nodewarden.resumed",
-                drain.pod_events.len() < drain.progress.eviction_pods as usize,
+                "nodewarden.pods.evicted",
+                drain.pod_events.iter().filter(|e| e.what == "evicted").count() as i64,
             );
         record.events = drain
             .pod_events

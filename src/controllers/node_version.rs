@@ -312,22 +312,18 @@ impl NodeVersionReconciler {
                 let replacement = joined
                     .as_ref()
                     .and_then(|p| trace::from_annotations(p.metadata.annotations.as_ref()));
-                if let (Some((tp, _)), Some(p), Some(heir_node)) = (replacement, &joined, find(heir)) {
-                    trace_join(&tp, p, &heir_node);
+                let heir_node = find(heir);
+                if let (Some((tp, _)), Some(p), Some(h)) = (replacement, &joined, &heir_node) {
+                    trace_join(&tp, p, h);
                     // Sent before the pairing is recorded: a successor does
                     // not emit these phases again.
                     trace::flush(TRACE_FLUSH_TIMEOUT).await;
                 }
                 let transfer_started = SystemTime::now();
-                let mut labels: BTreeMap<String, Option<String>> = inheritable_labels(&donor_node)
-                    .into_iter()
-                    .map(|(k, v)| (k, Some(v)))
-                    .collect();
-                labels.retain(|_, v| v.is_some());
+                let labels = inheritable_labels(&donor_node);
                 // The replacement's trace moves from the PendingNode to both nodes.
                 // (From the heir itself when finishing a half-written pairing
                 // whose PendingNode is gone.)
-                let heir_node = find(heir);
                 let carried: BTreeMap<&str, &String> = joined
                     .as_ref()
                     .and_then(|p| p.metadata.annotations.as_ref())
@@ -669,6 +665,8 @@ impl NodeVersionReconciler {
 
     fn record_metrics(&self, nv: &NodeVersion, counts: &rollout::Counts, stepped: bool) {
         let nodeversion = nv.name_any();
+        // Progress: a step taken, or a node changed from outdated to up to date.
+        let mut progressed = stepped;
         for (state, n) in [
             ("up_to_date", counts.up_to_date),
             ("outdated", counts.outdated),
@@ -679,9 +677,7 @@ impl NodeVersionReconciler {
                 state: state.to_string(),
             };
             let before = self.metrics.nodes.get_or_create(&labels).set(n as i64);
-            if before != n as i64 && state != "replacing" {
-                self.mark_progress(&nodeversion);
-            }
+            progressed |= before != n as i64 && state != "replacing";
         }
         let ratio = if counts.nodes == 0 {
             1.0
@@ -690,7 +686,7 @@ impl NodeVersionReconciler {
         };
         let labels = NodeVersionLabels { nodeversion };
         self.metrics.rollout_progress.get_or_create(&labels).set(ratio);
-        if stepped || self.metrics.rollout_last_progress.get(&labels).is_none() {
+        if progressed || self.metrics.rollout_last_progress.get(&labels).is_none() {
             self.mark_progress(&labels.nodeversion);
         }
     }

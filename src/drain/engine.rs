@@ -194,14 +194,16 @@ impl DrainEngine {
 
     /// Drains running, and of those how many a PodDisruptionBudget holds up.
     pub fn counts(&self) -> (usize, usize) {
-        let drains = lock(&self.drains);
-        let statuses: Vec<DrainStatus> = drains.values().map(|d| lock(&d.status).clone()).collect();
-        let running: Vec<&DrainStatus> = statuses
-            .iter()
-            .filter(|s| s.outcome == DrainOutcome::Running)
-            .collect();
-        let blocked = running.iter().filter(|s| !s.progress.blocked.is_empty()).count();
-        (running.len(), blocked)
+        // Called on every maintenance reconcile: read in place, clone nothing.
+        let (mut running, mut blocked) = (0, 0);
+        for d in lock(&self.drains).values() {
+            let status = lock(&d.status);
+            if status.outcome == DrainOutcome::Running {
+                running += 1;
+                blocked += usize::from(!status.progress.blocked.is_empty());
+            }
+        }
+        (running, blocked)
     }
 
     /// Stops every drain (leadership lost, shutdown).

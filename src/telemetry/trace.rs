@@ -328,11 +328,6 @@ pub fn parse_time(s: &str) -> Option<SystemTime> {
         .map(SystemTime::from)
 }
 
-/// A Kubernetes timestamp as a SystemTime.
-pub fn system_time(t: &k8s_openapi::jiff::Timestamp) -> SystemTime {
-    SystemTime::from(*t)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
