@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Node;
 use nodewarden::runtime::reflector::strip_node;
-use nodewarden::runtime::store::{ObjectKey, Store};
+use nodewarden::runtime::store::{ObjectKey, Store, Writer};
 use serde_json::json;
 
 struct Counting;
@@ -122,7 +122,7 @@ fn memory_per_node() {
         .iter()
         .map(|n| serde_json::to_vec(n).map(|v| v.len()).unwrap_or(0))
         .sum();
-    let store = Store::new();
+    let store = Writer::new();
     pool_index(&store);
     let before = HELD.load(Ordering::Relaxed);
     for node in stripped {
@@ -153,7 +153,7 @@ fn memory_per_node() {
 
 fn lookups(c: &mut Criterion) {
     memory_per_node();
-    let store = Store::new();
+    let store = Writer::new();
     pool_index(&store);
     let keys: Vec<ObjectKey> = (0..NODES)
         .map(|i| {

@@ -1,50 +1,10 @@
 //! Library errors. Each error has a category: a short, stable word that becomes
-//! the reason of the Kubernetes Event it causes and the label of the
-//! `reconcile_errors_total` metric.
+//! the reason of the Kubernetes Event a failed reconcile emits on its object
+//! and the label of the `reconcile_errors_total` metric.
 
 use std::time::Duration;
 
-/// A stable classification of an error, used as Event reason and metric label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Category {
-    /// The Kubernetes API server refused or failed a request.
-    KubeApi,
-    /// The API server answered 409: someone else changed the object first.
-    Conflict,
-    /// An object a reconcile needs is not there (yet).
-    NotFound,
-    /// The cluster holds an object nodewarden cannot act on as it is.
-    InvalidObject,
-    /// A cloud provider call failed.
-    Cloud,
-    /// This replica is not (or no longer) the leader.
-    NotLeader,
-    /// Serialization of an object failed.
-    Serialization,
-    /// A deadline passed.
-    Timeout,
-}
-
-impl Category {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Category::KubeApi => "KubeApiError",
-            Category::Conflict => "Conflict",
-            Category::NotFound => "NotFound",
-            Category::InvalidObject => "InvalidObject",
-            Category::Cloud => "CloudError",
-            Category::NotLeader => "NotLeader",
-            Category::Serialization => "SerializationError",
-            Category::Timeout => "Timeout",
-        }
-    }
-}
-
-impl std::fmt::Display for Category {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::runtime::error::{Categorized, Category, Retry};
 
 /// Errors of the nodewarden library.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +27,12 @@ pub enum Error {
     NotLeader,
     #[error("{what} did not finish within {after:?}")]
     Timeout { what: String, after: Duration },
+}
+
+impl From<crate::runtime::leader::NotLeader> for Error {
+    fn from(_: crate::runtime::leader::NotLeader) -> Self {
+        Error::NotLeader
+    }
 }
 
 /// The API server's answer in one line (kube's own message appends the
@@ -94,14 +60,25 @@ impl Error {
     }
 }
 
-/// An error that knows its category (for Events and the error metric).
-pub trait Categorized: std::error::Error + Send + Sync + 'static {
-    fn category(&self) -> Category;
-}
-
 impl Categorized for Error {
     fn category(&self) -> Category {
         Error::category(self)
+    }
+
+    /// A throttled cloud is retried no sooner than it asked; an object that
+    /// is invalid as it is, or a cloud request refused as it is, waits for
+    /// the next change instead of being retried unchanged.
+    fn retry(&self) -> Retry {
+        match self {
+            Error::Cloud(e) => match e.retry_after() {
+                Some(after) => Retry::After(after),
+                // Not found may be the cloud's eventual consistency after a create.
+                None if e.retryable() || e.is_not_found() => Retry::Backoff,
+                None => Retry::Never,
+            },
+            Error::InvalidObject { .. } => Retry::Never,
+            _ => Retry::Backoff,
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The wiring end to end against the real API server: watch events reach the
 //! reconciler through the queue, only the leader's workers reconcile, errors
-//! retry with backoff, and a new leader picks up every object.
+//! retry with backoff (no sooner than a Retry-After), a reconcile that panics
+//! is retried, and a new leader picks up every object.
 
 mod support;
 
@@ -12,64 +13,85 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodewarden::error::{Categorized, Category};
-use nodewarden::runtime::controller::{Action, Controller, ControllerConfig, Reconciler};
+use nodewarden::runtime::controller::{Action, Controller, ControllerConfig, Reconciler, Watches};
+use nodewarden::runtime::error::{Categorized, Category, Retry};
 use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector, LeaderHandle};
+use nodewarden::runtime::manager::{Manager, Source, always};
+use nodewarden::runtime::metrics::NoMetrics;
 use nodewarden::runtime::reflector::{Reflector, ReflectorConfig};
-use nodewarden::runtime::store::{ObjectKey, Store};
+use nodewarden::runtime::store::Key;
+use nodewarden::runtime::workqueue::WorkQueue;
 use nodewarden::telemetry::Metrics;
 use serde_json::json;
 use support::{Probe, TestEnv, control_plane, seen, wait_for};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+/// A failure the test asks for: retried with backoff, or after `after`.
 #[derive(Debug, thiserror::Error)]
 #[error("injected failure")]
-struct Injected;
+struct Injected {
+    after: Option<Duration>,
+}
 
 impl Categorized for Injected {
     fn category(&self) -> Category {
         Category::InvalidObject
     }
+
+    fn retry(&self) -> Retry {
+        self.after.map_or(Retry::Backoff, Retry::After)
+    }
 }
 
-/// Marks each ConfigMap with the identity that reconciled it; a ConfigMap
-/// annotated `fail: N` fails its first N reconciles.
+/// Marks each ConfigMap with the identity that reconciled it. A ConfigMap
+/// annotated `fail: N` fails its first N reconciles, `throttle: S` fails its
+/// first asking for a retry after S seconds, `panic: N` panics in its first N.
 struct Marker {
     api: Api<ConfigMap>,
-    store: Store<ConfigMap>,
     leader: LeaderHandle,
     reconciles: Arc<AtomicUsize>,
-    attempts: Arc<Mutex<HashMap<String, usize>>>,
+    attempts: Attempts,
     failures: Arc<Mutex<HashMap<String, usize>>>,
 }
 
+/// When each object's reconciles started.
+type Attempts = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
+
+fn annotated(cm: &ConfigMap, name: &str) -> usize {
+    cm.annotations()
+        .get(name)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0)
+}
+
 impl Reconciler for Marker {
+    type Object = ConfigMap;
     type Error = Injected;
-    async fn reconcile(&self, key: &ObjectKey) -> Result<Action, Injected> {
+    async fn reconcile(&self, key: &Key<ConfigMap>, cm: Option<Arc<ConfigMap>>) -> Result<Action, Injected> {
         self.reconciles.fetch_add(1, Ordering::SeqCst);
-        let Some(cm) = self.store.get(key) else {
+        let Some(cm) = cm else {
             return Ok(Action::Done);
         };
         let attempt = {
             let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
-            let n = attempts.entry(key.name.clone()).or_default();
-            *n += 1;
-            *n
+            let started = attempts.entry(key.name.clone()).or_default();
+            started.push(Instant::now());
+            started.len()
         };
-        let fail: usize = cm
-            .annotations()
-            .get("fail")
-            .and_then(|f| f.parse().ok())
-            .unwrap_or(0);
-        if attempt <= fail {
+        if attempt <= annotated(&cm, "panic") {
+            panic!("injected panic in attempt {attempt}");
+        }
+        let throttle = annotated(&cm, "throttle");
+        if attempt <= annotated(&cm, "fail") || (attempt == 1 && throttle > 0) {
             *self
                 .failures
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .entry(key.name.clone())
                 .or_default() += 1;
-            return Err(Injected);
+            let after = (throttle > 0).then(|| Duration::from_secs(throttle as u64));
+            return Err(Injected { after });
         }
         let me = self.leader.identity();
         if cm.annotations().get("reconciled-by").map(String::as_str) != Some(me) {
@@ -81,7 +103,7 @@ impl Reconciler for Marker {
                 .await
                 .is_err()
             {
-                return Err(Injected);
+                return Err(Injected { after: None });
             }
         }
         Ok(Action::Done)
@@ -92,41 +114,50 @@ struct Replica {
     identity: String,
     leader: LeaderHandle,
     reconciles: Arc<AtomicUsize>,
-    attempts: Arc<Mutex<HashMap<String, usize>>>,
+    attempts: Attempts,
     failures: Arc<Mutex<HashMap<String, usize>>>,
     tasks: JoinSet<()>,
 }
 
-async fn start_replica(client: Client, namespace: &str, identity: &str) -> Replica {
-    let mut config = LeaderElectionConfig::new(namespace, "controller-test", identity);
+fn election(namespace: &str, lease: &str, identity: &str) -> LeaderElectionConfig {
+    let mut config = LeaderElectionConfig::new(namespace, lease, identity);
     config.lease_duration = Duration::from_secs(3);
     config.renew_deadline = Duration::from_secs(2);
     config.retry_period = Duration::from_millis(500);
-    let elector = LeaderElector::new(client.clone(), config).expect("a valid election config");
-    let leader = elector.handle();
-    let api: Api<ConfigMap> = Api::namespaced(client, namespace);
-    let mut reflector = Reflector::new("configmaps", api.clone(), ReflectorConfig::default());
+    config
+}
+
+/// One replica: a Manager with the marker controller registered, as the
+/// operator registers its controllers.
+async fn start_replica(client: Client, namespace: &str, identity: &str) -> Replica {
+    let elector = LeaderElector::new(client.clone(), election(namespace, "controller-test", identity))
+        .expect("a valid election config");
+    let mut manager = Manager::new(
+        client.clone(),
+        elector,
+        ControllerConfig::default(),
+        Arc::new(Metrics::new()),
+    );
+    let leader = manager.leader();
     let reconciles = Arc::new(AtomicUsize::new(0));
-    let attempts = Arc::new(Mutex::new(HashMap::new()));
+    let attempts = Attempts::default();
     let failures = Arc::new(Mutex::new(HashMap::new()));
-    let marker = Marker {
-        api,
-        store: reflector.store(),
-        leader: leader.clone(),
-        reconciles: reconciles.clone(),
-        attempts: attempts.clone(),
-        failures: failures.clone(),
+    let source = Source {
+        namespace: Some(namespace.to_owned()),
+        ..Source::default()
     };
-    let mut controller = Controller::new("marker", marker, ControllerConfig::default(), Metrics::new());
-    controller.watches(&mut reflector, |cm: &ConfigMap| {
-        ObjectKey::of(cm).into_iter().collect()
-    });
+    manager
+        .controller::<ConfigMap>("marker", &source)
+        .register(Marker {
+            api: Api::namespaced(client, namespace),
+            leader: leader.clone(),
+            reconciles: reconciles.clone(),
+            attempts: attempts.clone(),
+            failures: failures.clone(),
+        });
     // Never cancelled: replicas end by abort (a crash, no lease release).
-    let never = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    tasks.spawn(reflector.run(never.clone()));
-    tasks.spawn(controller.run(leader.clone(), never.clone()));
-    tasks.spawn(elector.run(never));
+    tasks.spawn(manager.run(CancellationToken::new()));
     Replica {
         identity: identity.to_owned(),
         leader,
@@ -237,6 +268,31 @@ async fn only_the_leader_reconciles_and_a_new_leader_takes_over() {
         .contains_key("cm-0");
     assert!(redone, "a new leader looks at every object once");
 
+    // A reconcile that panics is caught and retried: the worker survives and
+    // the key is reconciled again (not stuck as "processing").
+    create(&api, "panicky", json!({"panic": "1"})).await;
+    wait_marked(&api, "panicky", &standby.identity).await;
+    create(&api, "after-panic", json!({})).await;
+    wait_marked(&api, "after-panic", &standby.identity).await;
+
+    // A failure that asks for a retry after 3 s is retried no sooner, even
+    // though an event for the object arrives meanwhile.
+    create(&api, "throttled", json!({"throttle": "3"})).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let poke = json!({"metadata": {"labels": {"poked": "yes"}}});
+    api.patch("throttled", &PatchParams::default(), &Patch::Merge(&poke))
+        .await
+        .expect("poking the throttled configmap");
+    wait_marked(&api, "throttled", &standby.identity).await;
+    let started = standby.attempts.lock().unwrap_or_else(|e| e.into_inner())["throttled"].clone();
+    assert!(started.len() >= 2, "retried: {started:?}");
+    let waited = started[1] - started[0];
+    println!("throttled: retried after {waited:?} (asked: 3 s)");
+    assert!(
+        waited >= Duration::from_secs(3),
+        "retried after {waited:?}, sooner than the 3 s asked for"
+    );
+
     standby.tasks.abort_all();
     env.cleanup().await;
 }
@@ -251,11 +307,8 @@ async fn workers_start_only_once_every_needed_store_is_synced() {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &env.namespace);
     create(&api, "waiting", json!({})).await;
 
-    let mut config = LeaderElectionConfig::new(env.namespace.clone(), "sync-test", "only");
-    config.lease_duration = Duration::from_secs(3);
-    config.renew_deadline = Duration::from_secs(2);
-    config.retry_period = Duration::from_millis(500);
-    let elector = LeaderElector::new(client.clone(), config).expect("a valid election config");
+    let elector = LeaderElector::new(client.clone(), election(&env.namespace, "sync-test", "only"))
+        .expect("a valid election config");
     let leader = elector.handle();
     let mut reflector = Reflector::new("configmaps", api.clone(), ReflectorConfig::default());
     // A second store the reconciler reads, whose reflector starts late.
@@ -263,17 +316,27 @@ async fn workers_start_only_once_every_needed_store_is_synced() {
     let reconciles = Arc::new(AtomicUsize::new(0));
     let marker = Marker {
         api: api.clone(),
-        store: reflector.store(),
         leader: leader.clone(),
         reconciles: reconciles.clone(),
         attempts: Arc::default(),
         failures: Arc::default(),
     };
-    let mut controller = Controller::new("marker", marker, ControllerConfig::default(), Metrics::new());
-    controller.watches(&mut reflector, |cm: &ConfigMap| {
-        ObjectKey::of(cm).into_iter().collect()
-    });
-    controller.needs(&late.store());
+    let mut watches = Watches::new(WorkQueue::with_defaults("marker"));
+    watches.watch(
+        &mut reflector,
+        always(),
+        Arc::new(|cm: &ConfigMap| Key::of(cm).into_iter().collect()),
+    );
+    watches.needs(&late.store());
+    let controller = Controller::new(
+        "marker",
+        marker,
+        reflector.store(),
+        watches,
+        ControllerConfig::default(),
+        Arc::new(NoMetrics),
+        None,
+    );
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
     tasks.spawn(reflector.run(stop.clone()));

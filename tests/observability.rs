@@ -413,7 +413,7 @@ fn populated_metrics() -> Metrics {
     });
     // A queue with metrics creates the series of every queue metric.
     let _queue: WorkQueue<String> =
-        WorkQueue::new("probe", default_rate_limiter(), Some(metrics.queue.clone()));
+        WorkQueue::new("probe", default_rate_limiter(), Some(metrics.queue.bind("probe")));
     metrics
 }
 

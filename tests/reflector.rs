@@ -1,6 +1,7 @@
 //! The reflector's store equals a fresh list after the API server restarts
-//! mid-watch and after an etcd compaction forces 410 Gone; objects deleted
-//! while it was disconnected arrive as deletions.
+//! mid-watch, after an etcd compaction forces 410 Gone, and after its watch
+//! connection goes silent; objects deleted while it was disconnected arrive
+//! as deletions.
 
 mod support;
 
@@ -295,4 +296,70 @@ async fn store_equals_list_after_apiserver_restart() {
     shutdown.cancel();
     task.await.expect("reflector task");
     drop(restarted);
+}
+
+/// A watch whose connection goes half-dead (nothing arrives, no error) is
+/// noticed after the idle timeout and restarted from its last version, on
+/// a fresh connection: the store catches up without a relist.
+#[tokio::test]
+async fn a_stalled_watch_is_restarted_and_the_store_catches_up() {
+    let env = TestEnv::new("reflector-stall").await;
+    let cp = control_plane();
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let create = |name: &str| {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"set": "s"}}
+        }))
+        .expect("a configmap");
+        let cms = cms.clone();
+        async move {
+            cms.create(&PostParams::default(), &cm)
+                .await
+                .expect("creating a configmap");
+        }
+    };
+    create("before").await;
+
+    let proxy = TcpProxy::start(cp.apiserver_addr()).await;
+    let proxied: Api<ConfigMap> = Api::namespaced(cp.client_via(&proxy).await, &env.namespace);
+    let config = ReflectorConfig {
+        label_selector: Some("set=s".into()),
+        idle_timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let reflector = Reflector::new("configmaps", proxied, config);
+    let (store, stats) = (reflector.store(), reflector.stats());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(reflector.run(shutdown.clone()));
+    tokio::time::timeout(Duration::from_secs(30), store.wait_synced())
+        .await
+        .expect("synced");
+    wait_for("a running watch", Duration::from_secs(10), || async {
+        if stats.watches.load(Ordering::Relaxed) > 0 {
+            Probe::Done(())
+        } else {
+            Probe::NotYet("no watch".into())
+        }
+    })
+    .await;
+    let lists = stats.lists.load(Ordering::Relaxed);
+
+    // The watch's connection (and every pooled one) goes silent for good.
+    proxy.stall_open_connections();
+    create("during-stall").await;
+    wait_store_equals_list(&store, &cms, "set=s").await;
+    let stalls = stats.stalls.load(Ordering::Relaxed);
+    println!(
+        "stalled watch detected {stalls} time(s); watches started {}",
+        stats.watches.load(Ordering::Relaxed)
+    );
+    assert!(stalls >= 1, "the silent watch was noticed");
+    assert_eq!(
+        stats.lists.load(Ordering::Relaxed),
+        lists,
+        "caught up by re-watching from the last version, not by relisting"
+    );
+    shutdown.cancel();
+    let _ = task.await;
+    env.cleanup().await;
 }

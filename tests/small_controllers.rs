@@ -20,69 +20,68 @@ use kube::core::ClusterResourceScope;
 use kube::{Resource, ResourceExt};
 use nodewarden::api::update::{AutoscalingStrategy, JoiningNode, NodeVersion, ScalingGroup, condition};
 use nodewarden::cloud::CloudProvider;
-use nodewarden::controllers::autoscaling_strategy::{self, AutoscalingStrategyReconciler};
-use nodewarden::controllers::joining_node::{self, COMPONENTS_ANNOTATION, JoiningNodeReconciler};
-use nodewarden::controllers::scaling_group::{self, ScalingGroupReconciler};
-use nodewarden::runtime::controller::{Controller, ControllerConfig, Reconciler};
-use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector, LeaderHandle};
-use nodewarden::runtime::reflector::{Reflector, ReflectorConfig};
-use nodewarden::runtime::store::ObjectKey;
+use nodewarden::controllers::joining_node::COMPONENTS_ANNOTATION;
+use nodewarden::controllers::{App, autoscaling_strategy, joining_node, pending_node, scaling_group};
+use nodewarden::runtime::controller::ControllerConfig;
+use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector};
+use nodewarden::runtime::manager::{Manager, Source};
 use nodewarden::telemetry::Metrics;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Leader election plus the reflectors and controllers of one test.
+/// The controllers of one test, registered with a Manager as the operator
+/// registers them (`controllers::*::register`), scoped to the test's run.
 struct Running {
-    leader: LeaderHandle,
     shutdown: CancellationToken,
-    tasks: JoinSet<()>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
-    fn start(env: &TestEnv, name: &str) -> Running {
+    fn start(
+        env: &TestEnv,
+        name: &str,
+        cloud: Option<Arc<dyn CloudProvider>>,
+        register: impl FnOnce(&mut Manager, &App),
+    ) -> Running {
+        Self::start_with(env, name, cloud, register).0
+    }
+
+    /// Like `start`; also returns what `register` returns (a store, say).
+    fn start_with<T>(
+        env: &TestEnv,
+        name: &str,
+        cloud: Option<Arc<dyn CloudProvider>>,
+        register: impl FnOnce(&mut Manager, &App) -> T,
+    ) -> (Running, T) {
         let mut config = LeaderElectionConfig::new(env.namespace.clone(), name, format!("{}-{name}", env.id));
         config.lease_duration = Duration::from_secs(3);
         config.renew_deadline = Duration::from_secs(2);
         config.retry_period = Duration::from_millis(500);
         let elector = LeaderElector::new(env.client.clone(), config).expect("a valid election config");
-        let leader = elector.handle();
+        let metrics = Metrics::new();
+        let mut manager = Manager::new(
+            env.client.clone(),
+            elector,
+            ControllerConfig::default(),
+            Arc::new(metrics.clone()),
+        );
+        let mut app = App::new(&manager, metrics);
+        app.nodes = Source::labelled(Some(env.run_selector()));
+        app.objects = Source::labelled(Some(env.run_selector()));
+        app.cloud = cloud;
+        let registered = register(&mut manager, &app);
         let shutdown = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        tasks.spawn(elector.run(shutdown.clone()));
-        Running {
-            leader,
-            shutdown,
-            tasks,
-        }
+        let task = tokio::spawn(manager.run(shutdown.clone()));
+        (Running { shutdown, task }, registered)
     }
 
-    fn reflector<K>(&mut self, reflector: Reflector<K>)
-    where
-        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    {
-        self.tasks.spawn(reflector.run(self.shutdown.clone()));
-    }
-
-    fn controller<R: Reconciler>(&mut self, controller: Controller<R>) {
-        self.tasks
-            .spawn(controller.run(self.leader.clone(), self.shutdown.clone()));
-    }
-
-    async fn stop(mut self) {
+    async fn stop(self) {
         self.shutdown.cancel();
-        while self.tasks.join_next().await.is_some() {}
-    }
-}
-
-fn by_run(env: &TestEnv) -> ReflectorConfig {
-    ReflectorConfig {
-        label_selector: Some(env.run_selector()),
-        ..Default::default()
+        let _ = self.task.await;
     }
 }
 
@@ -104,10 +103,6 @@ where
         .await;
 }
 
-fn key_of<K: Resource>(o: &K) -> Vec<ObjectKey> {
-    ObjectKey::of(o).into_iter().collect()
-}
-
 #[tokio::test]
 async fn autoscaling_strategy_pauses_and_restores_the_deployment() {
     let env = TestEnv::new("small-autoscaling").await;
@@ -121,33 +116,7 @@ async fn autoscaling_strategy_pauses_and_restores_the_deployment() {
     )
     .await;
 
-    let mut run = Running::start(&env, "autoscaling");
-    let mut strategies_r = Reflector::new(
-        "autoscalingstrategies",
-        Api::<AutoscalingStrategy>::all(env.client.clone()),
-        by_run(&env),
-    );
-    let mut deployments_r = Reflector::new("deployments", deployments.clone(), ReflectorConfig::default());
-    let strategies = strategies_r.store();
-    let reconciler = AutoscalingStrategyReconciler::new(
-        env.client.clone(),
-        run.leader.clone(),
-        strategies.clone(),
-        deployments_r.store(),
-    );
-    let mut controller = Controller::new(
-        "autoscalingstrategy",
-        reconciler,
-        ControllerConfig::default(),
-        Metrics::new(),
-    );
-    controller.watches(&mut strategies_r, key_of);
-    controller.watches(&mut deployments_r, move |d: &Deployment| {
-        autoscaling_strategy::keys_for_deployment(&strategies, d)
-    });
-    run.reflector(strategies_r);
-    run.reflector(deployments_r);
-    run.controller(controller);
+    let run = Running::start(&env, "autoscaling", None, autoscaling_strategy::register);
 
     let name = env.name("autoscaler");
     let api: Api<AutoscalingStrategy> = Api::all(env.client.clone());
@@ -259,39 +228,10 @@ async fn scaling_group_follows_its_node_version_image() {
     let sim = SimCloud::start(&config, &dir.path().join("state.json")).await;
     let cloud: Arc<dyn CloudProvider> = Arc::new(sim.provider.clone());
 
-    let mut run = Running::start(&env, "scalinggroup");
-    let mut groups_r = Reflector::new(
-        "scalinggroups",
-        Api::<ScalingGroup>::all(env.client.clone()),
-        by_run(&env),
-    );
-    let mut versions_r = Reflector::new(
-        "nodeversions",
-        Api::<NodeVersion>::all(env.client.clone()),
-        by_run(&env),
-    );
-    let groups = groups_r.store();
-    let reconciler = ScalingGroupReconciler::new(
-        env.client.clone(),
-        run.leader.clone(),
-        cloud.clone(),
-        groups.clone(),
-        versions_r.store(),
-    );
-    let mut controller = Controller::new(
-        "scalinggroup",
-        reconciler,
-        ControllerConfig::default(),
-        Metrics::new(),
-    );
-    controller.watches(&mut groups_r, key_of);
-    let mapped = groups.clone();
-    controller.watches(&mut versions_r, move |nv: &NodeVersion| {
-        scaling_group::keys_for_node_version(&mapped, nv)
+    let (run, groups) = Running::start_with(&env, "scalinggroup", Some(cloud.clone()), |m, app| {
+        scaling_group::register(m, app);
+        m.store::<ScalingGroup>(&app.objects)
     });
-    run.reflector(groups_r);
-    run.reflector(versions_r);
-    run.controller(controller);
 
     let nv_name = env.name("version");
     let versions: Api<NodeVersion> = Api::all(env.client.clone());
@@ -319,7 +259,10 @@ async fn scaling_group_follows_its_node_version_image() {
     assert_eq!(sg.spec.node_image, nv_name);
     assert_eq!(sg.labels().get(RUN_LABEL), Some(&env.id));
     wait_for("the store sees the new ScalingGroup", TIMEOUT, || async {
-        if groups.get(&ObjectKey::cluster(&group)).is_some() {
+        if groups
+            .get(&nodewarden::runtime::store::ObjectKey::cluster(&group))
+            .is_some()
+        {
             Probe::Done(())
         } else {
             Probe::NotYet("not in the store".into())
@@ -392,33 +335,7 @@ async fn joining_node_annotates_its_node_and_goes_away() {
     let env = TestEnv::new("small-joiningnode").await;
     support::install_crds(&env.client).await;
 
-    let mut run = Running::start(&env, "joiningnode");
-    let mut joining_r = Reflector::new(
-        "joiningnodes",
-        Api::<JoiningNode>::all(env.client.clone()),
-        by_run(&env),
-    );
-    let mut nodes_r = Reflector::new("nodes", Api::<Node>::all(env.client.clone()), by_run(&env));
-    let joining = joining_r.store();
-    let reconciler = JoiningNodeReconciler::new(
-        env.client.clone(),
-        run.leader.clone(),
-        joining.clone(),
-        nodes_r.store(),
-    );
-    let mut controller = Controller::new(
-        "joiningnode",
-        reconciler,
-        ControllerConfig::default(),
-        Metrics::new(),
-    );
-    controller.watches(&mut joining_r, key_of);
-    controller.watches(&mut nodes_r, move |n: &Node| {
-        joining_node::keys_for_node(&joining, n)
-    });
-    run.reflector(joining_r);
-    run.reflector(nodes_r);
-    run.controller(controller);
+    let run = Running::start(&env, "joiningnode", None, joining_node::register);
 
     let api: Api<JoiningNode> = Api::all(env.client.clone());
     let create = |name: String, node: String, deadline: Timestamp| {
@@ -516,30 +433,7 @@ async fn pending_node_finishes_an_interrupted_create_once_it_is_overdue() {
     let sim = SimCloud::start_with_config(&config.to_string()).await;
     let cloud: Arc<dyn CloudProvider> = Arc::new(sim.sim.provider.clone());
 
-    let mut run = Running::start(&env, "pendingnode");
-    let mut pending_r = Reflector::new(
-        "pendingnodes",
-        Api::<nodewarden::api::update::PendingNode>::all(env.client.clone()),
-        by_run(&env),
-    );
-    let nodes_r = Reflector::new("nodes", Api::<Node>::all(env.client.clone()), by_run(&env));
-    let reconciler = nodewarden::controllers::pending_node::PendingNodeReconciler {
-        client: env.client.clone(),
-        cloud,
-        leader: run.leader.clone(),
-        pending: pending_r.store(),
-        nodes: nodes_r.store(),
-    };
-    let mut controller = Controller::new(
-        "pendingnode",
-        reconciler,
-        ControllerConfig::default(),
-        Metrics::new(),
-    );
-    controller.watches(&mut pending_r, key_of);
-    run.reflector(pending_r);
-    run.reflector(nodes_r);
-    run.controller(controller);
+    let run = Running::start(&env, "pendingnode", Some(cloud), pending_node::register);
 
     // What a leader that died right after writing it leaves behind.
     let name = env.name("join");

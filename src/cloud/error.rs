@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Categorized, Category};
+use crate::runtime::error::{Categorized, Category};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CloudError {

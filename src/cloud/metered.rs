@@ -1,23 +1,67 @@
-//! A provider wrapper that measures every call: latency by operation and
-//! failures by kind, for any [`CloudProvider`].
+//! A provider wrapper that meters every call, for any [`CloudProvider`]:
+//! it measures latency by operation and failures by kind, and rations calls
+//! through one client-side rate limit shared by every controller. A cloud
+//! that throttles with a Retry-After pauses every call until then, so an
+//! outage or throttling is never answered with more calls.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{
     CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup,
 };
+use crate::runtime::rate_limiter::TokenBucket;
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{CloudErrorLabels, CloudLabels};
 
+/// The default ration of cloud calls: 10 a second, bursts of 20.
+pub const DEFAULT_QPS: f64 = 10.0;
+/// See [`DEFAULT_QPS`].
+pub const DEFAULT_BURST: u32 = 20;
+
+/// Measures and rations the calls to a provider (see the module docs).
 pub struct MeteredCloud {
     inner: Arc<dyn CloudProvider>,
     metrics: Metrics,
+    bucket: TokenBucket,
+    /// No call before this: the cloud asked us to wait.
+    paused_until: Mutex<Option<Instant>>,
 }
 
 impl MeteredCloud {
+    /// Meters `inner` at [`DEFAULT_QPS`].
     pub fn new(inner: Arc<dyn CloudProvider>, metrics: Metrics) -> Self {
-        MeteredCloud { inner, metrics }
+        Self::with_rate_limit(inner, metrics, DEFAULT_QPS, DEFAULT_BURST)
+    }
+
+    /// Meters `inner` at `qps` calls a second, bursts of `burst`.
+    pub fn with_rate_limit(inner: Arc<dyn CloudProvider>, metrics: Metrics, qps: f64, burst: u32) -> Self {
+        MeteredCloud {
+            inner,
+            metrics,
+            bucket: TokenBucket::new(qps, burst),
+            paused_until: Mutex::new(None),
+        }
+    }
+
+    /// How long the next call must wait: for a token, and for a pause the
+    /// cloud asked for.
+    fn wait_before_call(&self, now: Instant) -> Duration {
+        let paused = self
+            .paused_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now));
+        self.bucket.reserve_at(now).max(paused)
+    }
+
+    fn pause(&self, until: Instant) {
+        let mut paused = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
+        if paused.is_none_or(|p| p < until) {
+            *paused = Some(until);
+        }
     }
 
     fn measure<'a, T: Send + 'a>(
@@ -26,8 +70,17 @@ impl MeteredCloud {
         call: CloudFuture<'a, T>,
     ) -> CloudFuture<'a, T> {
         Box::pin(async move {
+            let wait = self.wait_before_call(Instant::now());
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
             let started = Instant::now();
             let result = call.await;
+            if let Err(e) = &result
+                && let Some(after) = e.retry_after()
+            {
+                self.pause(Instant::now() + after);
+            }
             let provider = self.inner.name().to_string();
             self.metrics
                 .cloud_duration

@@ -12,6 +12,7 @@
 //! [`Step`]s; `reconcile` only carries them out, each write conditioned on
 //! the resourceVersion it was computed from.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -19,11 +20,13 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::App;
 use crate::api::update::{AutoscalingStrategy, AutoscalingStrategyStatus};
 use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
-use crate::runtime::store::{ObjectKey, Store};
+use crate::runtime::manager::{Manager, Source, always};
+use crate::runtime::store::{Key, ObjectKey, Store};
 
 /// Index of AutoscalingStrategy stores: `namespace/name` of the Deployment.
 pub const DEPLOYMENT_INDEX: &str = "deployment";
@@ -132,7 +135,10 @@ pub fn index_by_deployment(store: &Store<AutoscalingStrategy>) {
 }
 
 /// The AutoscalingStrategies that manage `deployment` (for watching Deployments).
-pub fn keys_for_deployment(store: &Store<AutoscalingStrategy>, deployment: &Deployment) -> Vec<ObjectKey> {
+pub fn keys_for_deployment(
+    store: &Store<AutoscalingStrategy>,
+    deployment: &Deployment,
+) -> Vec<Key<AutoscalingStrategy>> {
     let key = format!(
         "{}/{}",
         deployment.namespace().unwrap_or_default(),
@@ -141,11 +147,28 @@ pub fn keys_for_deployment(store: &Store<AutoscalingStrategy>, deployment: &Depl
     store.keys_by_index(DEPLOYMENT_INDEX, &key)
 }
 
+/// The AutoscalingStrategy controller: its strategies, and the autoscaler
+/// Deployments they name (Deployments are few).
+pub fn register(manager: &mut Manager, app: &App) {
+    let mut c = manager.controller::<AutoscalingStrategy>("autoscalingstrategy", &app.objects);
+    let strategies = c.store();
+    let by_deployment = strategies.clone();
+    let deployments = c.watches(&Source::all(), always(), move |d: &Deployment| {
+        keys_for_deployment(&by_deployment, d)
+    });
+    c.on_failure(app.report_failures());
+    c.register(AutoscalingStrategyReconciler::new(
+        app.client.clone(),
+        app.leader.clone(),
+        strategies,
+        deployments,
+    ));
+}
+
 /// Reconciles AutoscalingStrategies (key: the strategy's name).
 pub struct AutoscalingStrategyReconciler {
     client: Client,
     leader: LeaderHandle,
-    strategies: Store<AutoscalingStrategy>,
     deployments: Store<Deployment>,
 }
 
@@ -163,17 +186,21 @@ impl AutoscalingStrategyReconciler {
         AutoscalingStrategyReconciler {
             client,
             leader,
-            strategies,
             deployments,
         }
     }
 }
 
 impl Reconciler for AutoscalingStrategyReconciler {
+    type Object = AutoscalingStrategy;
     type Error = Error;
 
-    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
-        let Some(strategy) = self.strategies.get(key) else {
+    async fn reconcile(
+        &self,
+        _key: &Key<AutoscalingStrategy>,
+        strategy: Option<Arc<AutoscalingStrategy>>,
+    ) -> Result<Action> {
+        let Some(strategy) = strategy else {
             return Ok(Action::Done);
         };
         if strategy.metadata.deletion_timestamp.is_some() {
@@ -399,7 +426,7 @@ mod tests {
 
     #[test]
     fn deployments_map_to_their_strategies() {
-        let store: Store<AutoscalingStrategy> = Store::new();
+        let store: crate::runtime::store::Writer<AutoscalingStrategy> = crate::runtime::store::Writer::new();
         index_by_deployment(&store);
         let strategy = AutoscalingStrategy::new(
             "autoscaler",
@@ -414,10 +441,7 @@ mod tests {
         let mut d = Deployment::default();
         d.metadata.name = Some("cluster-autoscaler".into());
         d.metadata.namespace = Some("kube-system".into());
-        assert_eq!(
-            keys_for_deployment(&store, &d),
-            [ObjectKey::cluster("autoscaler")]
-        );
+        assert_eq!(keys_for_deployment(&store, &d), [Key::cluster("autoscaler")]);
         d.metadata.namespace = Some("default".into());
         assert!(keys_for_deployment(&store, &d).is_empty());
     }

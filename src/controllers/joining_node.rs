@@ -6,6 +6,7 @@
 //! [`decide`] is pure and table tested; `reconcile` gathers the facts from
 //! the stores and carries the decision out.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -14,11 +15,13 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::App;
 use crate::api::update::{JoiningNode, JoiningNodeSpec};
 use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
-use crate::runtime::store::{ObjectKey, Store};
+use crate::runtime::manager::Manager;
+use crate::runtime::store::{Key, ObjectKey, Store};
 
 /// The Node annotation naming its Kubernetes components (Constellation's).
 pub const COMPONENTS_ANNOTATION: &str = "constellation.edgeless.systems/kubernetes-components";
@@ -72,7 +75,7 @@ pub fn index_by_node(store: &Store<JoiningNode>) {
 }
 
 /// The JoiningNodes announcing `node` (for watching Nodes).
-pub fn keys_for_node(store: &Store<JoiningNode>, node: &Node) -> Vec<ObjectKey> {
+pub fn keys_for_node(store: &Store<JoiningNode>, node: &Node) -> Vec<Key<JoiningNode>> {
     store.keys_by_index(NODE_INDEX, &node.name_any())
 }
 
@@ -82,11 +85,27 @@ fn components_of(node: &Node) -> &str {
         .map_or("", String::as_str)
 }
 
+/// The JoiningNode controller: its JoiningNodes, and the Nodes they announce.
+pub fn register(manager: &mut Manager, app: &App) {
+    let mut c = manager.controller::<JoiningNode>("joiningnode", &app.objects);
+    let joining = c.store();
+    let by_node = joining.clone();
+    let nodes = c.watches(&app.nodes, super::node_changed(), move |n: &Node| {
+        keys_for_node(&by_node, n)
+    });
+    c.on_failure(app.report_failures());
+    c.register(JoiningNodeReconciler::new(
+        app.client.clone(),
+        app.leader.clone(),
+        joining,
+        nodes,
+    ));
+}
+
 /// Reconciles JoiningNodes (key: the JoiningNode's name).
 pub struct JoiningNodeReconciler {
     client: Client,
     leader: LeaderHandle,
-    joining: Store<JoiningNode>,
     nodes: Store<Node>,
 }
 
@@ -102,7 +121,6 @@ impl JoiningNodeReconciler {
         JoiningNodeReconciler {
             client,
             leader,
-            joining,
             nodes,
         }
     }
@@ -126,10 +144,11 @@ impl JoiningNodeReconciler {
 }
 
 impl Reconciler for JoiningNodeReconciler {
+    type Object = JoiningNode;
     type Error = Error;
 
-    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
-        let Some(jn) = self.joining.get(key) else {
+    async fn reconcile(&self, _key: &Key<JoiningNode>, jn: Option<Arc<JoiningNode>>) -> Result<Action> {
+        let Some(jn) = jn else {
             return Ok(Action::Done);
         };
         if jn.metadata.deletion_timestamp.is_some() {
@@ -262,7 +281,7 @@ mod tests {
 
     #[test]
     fn nodes_map_to_their_joining_nodes() {
-        let store: Store<JoiningNode> = Store::new();
+        let store: crate::runtime::store::Writer<JoiningNode> = crate::runtime::store::Writer::new();
         index_by_node(&store);
         for (name, node) in [("j1", "n1"), ("j2", "n2"), ("j3", "")] {
             let j = JoiningNode::new(
@@ -276,7 +295,7 @@ mod tests {
         }
         let mut node = Node::default();
         node.metadata.name = Some("n1".into());
-        assert_eq!(keys_for_node(&store, &node), [ObjectKey::cluster("j1")]);
+        assert_eq!(keys_for_node(&store, &node), [Key::cluster("j1")]);
         node.metadata.name = Some("n3".into());
         assert!(keys_for_node(&store, &node).is_empty());
     }

@@ -1,4 +1,6 @@
-//! One controller per file; each splits pure decisions from thin IO.
+//! One controller per file; each splits pure decisions from thin IO, and
+//! declares in its `register` function what it reconciles, watches and reads.
+//! Adding a controller is a new file here plus one line in [`register_all`].
 
 pub mod autoscaling_strategy;
 pub mod joining_node;
@@ -9,8 +11,129 @@ pub mod replacement_trace;
 pub mod rollout;
 pub mod scaling_group;
 
-use k8s_openapi::api::core::v1::Node;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
 use kube::api::{Api, DeleteParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use crate::cloud::CloudProvider;
+use crate::runtime::controller::{FailureReporter, Object, Predicate};
+use crate::runtime::error::Category;
+use crate::runtime::leader::LeaderHandle;
+use crate::runtime::manager::{Manager, Source};
+use crate::runtime::reflector::Event as StoreEvent;
+use crate::telemetry::Metrics;
+
+/// What every controller may need besides its stores.
+#[derive(Clone)]
+pub struct App {
+    /// The API client.
+    pub client: Client,
+    /// This replica's leadership: checked right before anything disruptive.
+    pub leader: LeaderHandle,
+    /// The process's metrics.
+    pub metrics: Metrics,
+    /// Publishes Events as this replica.
+    pub recorder: Recorder,
+    /// The Nodes this operator manages.
+    pub nodes: Source,
+    /// The nodewarden objects this operator handles.
+    pub objects: Source,
+    /// The cloud that replaces nodes; None: no rolling replacement.
+    pub cloud: Option<Arc<dyn CloudProvider>>,
+    /// NodeMaintenance settings.
+    pub maintenance: node_maintenance::MaintenanceConfig,
+}
+
+impl App {
+    /// The context of the controllers a Manager runs.
+    pub fn new(manager: &Manager, metrics: Metrics) -> Self {
+        let leader = manager.leader();
+        let reporter = Reporter {
+            controller: "nodewarden".into(),
+            instance: Some(leader.identity().to_string()),
+        };
+        App {
+            client: manager.client().clone(),
+            recorder: Recorder::new(manager.client().clone(), reporter),
+            leader,
+            metrics,
+            nodes: Source::all(),
+            objects: Source::all(),
+            cloud: None,
+            maintenance: Default::default(),
+        }
+    }
+
+    /// A failed reconcile becomes a Warning Event on its object, with the
+    /// error's category as reason and its message as note.
+    pub fn report_failures<K: Object>(&self) -> FailureReporter<K> {
+        let recorder = self.recorder.clone();
+        Arc::new(move |object: &K, category: Category, message: &str| {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: category.to_string(),
+                note: Some(message.chars().take(1024).collect()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            let reference = object.object_ref(&());
+            let recorder = recorder.clone();
+            tokio::spawn(async move {
+                if let Err(e) = recorder.publish(&event, &reference).await {
+                    tracing::debug!(error = %e, "publishing a failure event failed");
+                }
+            });
+        })
+    }
+}
+
+/// Registers every controller that `app` can run: maintenance always, the
+/// rolling replacement when a cloud is configured.
+pub fn register_all(manager: &mut Manager, app: &App) {
+    manager.transform::<Node>(crate::runtime::reflector::strip_node);
+    node_maintenance::register(manager, app);
+    if app.cloud.is_some() {
+        node_version::register(manager, app);
+        pending_node::register(manager, app);
+        scaling_group::register(manager, app);
+        autoscaling_strategy::register(manager, app);
+        joining_node::register(manager, app);
+    }
+}
+
+/// What of a Node the controllers act on: labels, annotations, spec
+/// (cordon, taints, provider ID), readiness and deletion. A status heartbeat
+/// or an image list change is none of it.
+type NodeView<'a> = (
+    Option<&'a BTreeMap<String, String>>,
+    Option<&'a BTreeMap<String, String>>,
+    Option<&'a NodeSpec>,
+    Option<&'a Time>,
+    bool,
+);
+
+fn node_view(node: &Node) -> NodeView<'_> {
+    (
+        node.metadata.labels.as_ref(),
+        node.metadata.annotations.as_ref(),
+        node.spec.as_ref(),
+        node.metadata.deletion_timestamp.as_ref(),
+        node_is_ready(node),
+    )
+}
+
+/// Lets through only the Node changes that matter (see [`node_view`]).
+pub fn node_changed() -> Predicate<Node> {
+    Arc::new(|event: &StoreEvent<Node>| match event {
+        StoreEvent::Updated { old, new } => node_view(old) != node_view(new),
+        StoreEvent::Added(_) | StoreEvent::Deleted(_) => true,
+    })
+}
 
 /// Is the Node's Ready condition True?
 pub fn node_is_ready(node: &Node) -> bool {

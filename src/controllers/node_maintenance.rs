@@ -8,7 +8,7 @@
 //! [`DrainEngine`], one task per node, so they never block a worker.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -20,17 +20,19 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::App;
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{
-    MaintenanceObject, MaintenancePhase, NodeMaintenanceStatus, parse_duration,
+    MaintenanceObject, MaintenancePhase, NodeMaintenanceStatus, kubevirt, medik8s, parse_duration,
 };
 use crate::drain::node::{self as quarantine, Quarantine};
 use crate::drain::{DrainEngine, DrainOptions, DrainOutcome, DrainStatus};
 use crate::error::{Category, Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
+use crate::runtime::manager::{Manager, Task};
 use crate::runtime::rate_limiter::lock;
-use crate::runtime::store::{ObjectKey, Store};
+use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::runtime::workqueue::WorkQueue;
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::ResultLabels;
@@ -319,32 +321,6 @@ pub struct MaintenanceContext {
 }
 
 impl MaintenanceContext {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        client: Client,
-        leader: LeaderHandle,
-        engine: DrainEngine,
-        recorder: Recorder,
-        nodes: Store<Node>,
-        claims_of: ClaimsOf,
-        all_claims: AllClaims,
-        config: MaintenanceConfig,
-        metrics: Metrics,
-    ) -> Self {
-        MaintenanceContext {
-            metrics,
-            client,
-            leader,
-            engine,
-            recorder,
-            nodes,
-            claims_of,
-            all_claims,
-            config,
-            admitted: Mutex::new(BTreeSet::new()),
-        }
-    }
-
     /// Atomically admits `owner` under the limit. Active maintenances in the
     /// stores count too, so a new leader never over-admits.
     fn admit(&self, owner: &str) -> bool {
@@ -380,9 +356,9 @@ impl MaintenanceContext {
 pub struct NodeMaintenanceReconciler<M: MaintenanceObject> {
     pub ctx: Arc<MaintenanceContext>,
     pub store: Store<M>,
-    /// This controller's queue (set once the controller exists), so a drain's
-    /// progress re-enqueues its NodeMaintenance.
-    pub queue: Arc<OnceLock<WorkQueue<ObjectKey>>>,
+    /// This controller's queue, so a drain's progress re-enqueues its
+    /// NodeMaintenance.
+    pub queue: WorkQueue<Key<M>>,
 }
 
 fn quarantine_spec() -> Quarantine {
@@ -399,10 +375,11 @@ fn quarantine_spec() -> Quarantine {
 }
 
 impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
+    type Object = M;
     type Error = Error;
 
-    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
-        let Some(obj) = self.store.get(key) else {
+    async fn reconcile(&self, key: &Key<M>, obj: Option<Arc<M>>) -> Result<Action> {
+        let Some(obj) = obj else {
             return Ok(Action::Done);
         };
         let api: Api<M> = Api::all(self.ctx.client.clone());
@@ -475,11 +452,7 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
                     &node_name,
                     &owner,
                     options,
-                    Arc::new(move || {
-                        if let Some(q) = queue.get() {
-                            q.add(me.clone());
-                        }
-                    }),
+                    Arc::new(move || queue.add(me.clone())),
                 ))
             }
             _ => None,
@@ -796,8 +769,101 @@ async fn patch_finalizers<M: MaintenanceObject>(
     Ok(())
 }
 
+/// The NodeMaintenance controllers of both API groups (medik8s and
+/// kubevirt), sharing one drain engine and one concurrency limit: each
+/// reconciles its group's objects and the Nodes they name.
+pub fn register(manager: &mut Manager, app: &App) {
+    let medik8s = manager.store::<medik8s::NodeMaintenance>(&app.objects);
+    let kubevirt = manager.store::<kubevirt::NodeMaintenance>(&app.objects);
+    index_by_node(&medik8s);
+    index_by_node(&kubevirt);
+    let engine = DrainEngine::new(app.client.clone(), app.leader.clone());
+    let ctx = Arc::new(MaintenanceContext {
+        client: app.client.clone(),
+        leader: app.leader.clone(),
+        engine: engine.clone(),
+        recorder: app.recorder.clone(),
+        nodes: manager.store::<Node>(&app.nodes),
+        claims_of: claims_of(medik8s.clone(), kubevirt.clone()),
+        all_claims: all_claims(medik8s.clone(), kubevirt.clone()),
+        config: app.maintenance.clone(),
+        metrics: app.metrics.clone(),
+        admitted: Mutex::new(BTreeSet::new()),
+    });
+    register_group::<medik8s::NodeMaintenance>(manager, app, "nodemaintenance", &ctx);
+    register_group::<kubevirt::NodeMaintenance>(manager, app, "nodemaintenance-kubevirt", &ctx);
+    let metrics = app.metrics.clone();
+    manager.add_task(stop_drains_when_not_leading(engine, metrics));
+}
+
+/// One group's controller: its own objects, and the Nodes they name; it
+/// reads the other group's claims too.
+fn register_group<M: MaintenanceObject>(
+    manager: &mut Manager,
+    app: &App,
+    name: &str,
+    ctx: &Arc<MaintenanceContext>,
+) {
+    let mut c = manager.controller::<M>(name, &app.objects);
+    let store = c.store();
+    let by_node = store.clone();
+    c.watches(&app.nodes, super::node_changed(), move |node: &Node| {
+        keys_for_node(&by_node, node)
+    });
+    // Claims on a node come from both groups' stores.
+    c.reads::<medik8s::NodeMaintenance>(&app.objects);
+    c.reads::<kubevirt::NodeMaintenance>(&app.objects);
+    c.on_failure(app.report_failures());
+    let queue = c.queue();
+    c.register(NodeMaintenanceReconciler {
+        ctx: ctx.clone(),
+        store,
+        queue,
+    });
+}
+
+fn claims_of(a: Store<medik8s::NodeMaintenance>, b: Store<kubevirt::NodeMaintenance>) -> ClaimsOf {
+    Arc::new(move |node: &str| {
+        let mut claims: Vec<Claim> = a
+            .by_index(NODE_INDEX, node)
+            .iter()
+            .map(|m| Claim::of(m.as_ref()))
+            .collect();
+        claims.extend(b.by_index(NODE_INDEX, node).iter().map(|m| Claim::of(m.as_ref())));
+        claims
+    })
+}
+
+fn all_claims(a: Store<medik8s::NodeMaintenance>, b: Store<kubevirt::NodeMaintenance>) -> AllClaims {
+    Arc::new(move || {
+        let mut claims: Vec<Claim> = a.list().iter().map(|m| Claim::of(m.as_ref())).collect();
+        claims.extend(b.list().iter().map(|m| Claim::of(m.as_ref())));
+        claims
+    })
+}
+
+/// Drains are tasks of their own: stop them the moment leadership is lost.
+fn stop_drains_when_not_leading(engine: DrainEngine, metrics: Metrics) -> Task {
+    Box::new(move |leader, shutdown| {
+        Box::pin(async move {
+            let mut leading = leader.subscribe();
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    changed = leading.changed() => if changed.is_err() { break },
+                }
+                if !*leading.borrow_and_update() {
+                    engine.stop_all();
+                    metrics.forget_leader_state();
+                }
+            }
+            engine.stop_all();
+        })
+    })
+}
+
 /// The keys of the NodeMaintenances (of one group's store) naming `node`.
-pub fn keys_for_node<M: MaintenanceObject>(store: &Store<M>, node: &Node) -> Vec<ObjectKey> {
+pub fn keys_for_node<M: MaintenanceObject>(store: &Store<M>, node: &Node) -> Vec<Key<M>> {
     store.keys_by_index(NODE_INDEX, &node.name_any())
 }
 

@@ -22,6 +22,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, P
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::App;
 use super::replacement_trace::{
     CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, drain_annotations, trace_create, trace_join,
 };
@@ -37,7 +38,8 @@ use crate::cloud::{CloudProvider, CreateNodeRequest};
 use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
-use crate::runtime::store::{ObjectKey, Store};
+use crate::runtime::manager::{Manager, always};
+use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{NodeStateLabels, NodeVersionLabels};
 use crate::telemetry::trace::{
@@ -67,11 +69,51 @@ pub fn drain_name(node: &str) -> String {
     format!("{DRAIN_PREFIX}{node}")
 }
 
+/// The NodeVersion controller. Few NodeVersions exist, so any relevant
+/// change of a Node, PendingNode, ScalingGroup or rollout drain looks at all
+/// of them; Node updates only when they change what a rollout reads.
+pub fn register(manager: &mut Manager, app: &App) {
+    let Some(cloud) = app.cloud.clone() else {
+        return;
+    };
+    let mut c = manager.controller::<NodeVersion>("nodeversion", &app.objects);
+    let versions = c.store();
+    let all = move || versions.keys();
+    let every = all.clone();
+    let nodes = c.watches(&app.nodes, super::node_changed(), move |_: &Node| every());
+    let every = all.clone();
+    let pending = c.watches(&app.objects, always(), move |_: &PendingNode| every());
+    let every = all.clone();
+    let groups = c.watches(&app.objects, always(), move |_: &ScalingGroup| every());
+    let every = all;
+    let maintenances = c.watches(&app.objects, always(), move |m: &medik8s::NodeMaintenance| {
+        if m.name_any().starts_with(DRAIN_PREFIX) {
+            every()
+        } else {
+            Vec::new()
+        }
+    });
+    // Read, not watched: the autoscaler's strategies.
+    let strategies = c.reads::<AutoscalingStrategy>(&app.objects);
+    c.on_failure(app.report_failures());
+    c.register(NodeVersionReconciler {
+        client: app.client.clone(),
+        cloud,
+        leader: app.leader.clone(),
+        groups,
+        nodes,
+        pending,
+        maintenances,
+        strategies,
+        metrics: app.metrics.clone(),
+    });
+}
+
+/// Replaces outdated nodes of one NodeVersion (see the module docs).
 pub struct NodeVersionReconciler {
     pub client: Client,
     pub cloud: Arc<dyn CloudProvider>,
     pub leader: LeaderHandle,
-    pub versions: Store<NodeVersion>,
     pub groups: Store<ScalingGroup>,
     pub nodes: Store<Node>,
     pub pending: Store<PendingNode>,
@@ -110,13 +152,28 @@ pub fn inheritable_labels(donor: &Node) -> BTreeMap<String, String> {
 }
 
 impl Reconciler for NodeVersionReconciler {
+    type Object = NodeVersion;
     type Error = Error;
 
-    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
-        let Some(nv) = self.versions.get(key) else {
+    async fn reconcile(&self, key: &Key<NodeVersion>, nv: Option<Arc<NodeVersion>>) -> Result<Action> {
+        let Some(nv) = nv else {
             self.forget_metrics(&key.name);
             return Ok(Action::Done);
         };
+        match self.roll_out(&nv).await {
+            Err(Error::Cloud(e)) => {
+                // Say so on the object: the retry alone is only in the logs.
+                self.report_cloud_error(&nv, &e).await?;
+                Err(Error::Cloud(e))
+            }
+            done => done,
+        }
+    }
+}
+
+impl NodeVersionReconciler {
+    /// One pass of the rollout: gather, plan, carry out, report.
+    async fn roll_out(&self, nv: &Arc<NodeVersion>) -> Result<Action> {
         let nv_name = nv.name_any();
         self.annotate_unknown_nodes().await?;
 
@@ -246,19 +303,42 @@ impl Reconciler for NodeVersionReconciler {
         };
         let steps = rollout::plan(&facts);
         let counts = rollout::counts(&facts);
-        let rollout_trace = self.trace_rollout(&nv, &counts).await?;
+        let rollout_trace = self.trace_rollout(nv, &counts).await?;
         for step in &steps {
             tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
-            self.carry_out(&nv, step, &nodes, rollout_trace).await?;
+            self.carry_out(nv, step, &nodes, rollout_trace).await?;
         }
-        self.record_metrics(&nv, &counts, !steps.is_empty());
+        self.record_metrics(nv, &counts, !steps.is_empty());
         self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
-        self.write_status(&nv, &facts, &counts, &steps).await?;
+        self.write_status(nv, &facts, &counts, &steps).await?;
         Ok(Action::Done)
     }
-}
 
-impl NodeVersionReconciler {
+    /// Degraded=True, reason CloudError, with the cloud's message (cleared by
+    /// the next pass that gets through).
+    async fn report_cloud_error(&self, nv: &NodeVersion, error: &crate::cloud::CloudError) -> Result<()> {
+        let mut conditions = nv.status_or_default().conditions;
+        set_condition(
+            &mut conditions,
+            condition::DEGRADED,
+            true,
+            reason::CLOUD_ERROR,
+            error.to_string(),
+            nv.metadata.generation,
+            Timestamp::now(),
+        );
+        if nv.status.as_ref().map(|s| &s.conditions) == Some(&conditions) {
+            return Ok(());
+        }
+        let api: Api<NodeVersion> = Api::all(self.client.clone());
+        api.patch_status(
+            &nv.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"conditions": conditions}})),
+        )
+        .await?;
+        Ok(())
+    }
     /// Nodes with a provider ID but no group or image annotation: ask the cloud once.
     async fn annotate_unknown_nodes(&self) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());

@@ -19,6 +19,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::App;
 use super::replacement_trace::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
 use super::{delete_if_present, node_is_ready};
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
@@ -26,7 +27,8 @@ use crate::cloud::{CloudProvider, CreateNodeRequest, InstanceState};
 use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
-use crate::runtime::store::{ObjectKey, Store};
+use crate::runtime::manager::Manager;
+use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::telemetry::trace;
 
 const POLL: Duration = Duration::from_secs(1);
@@ -92,6 +94,34 @@ fn csp_state(state: Option<InstanceState>) -> CspNodeState {
     }
 }
 
+/// The PendingNode controller: its PendingNodes, and the Nodes they name.
+pub fn register(manager: &mut Manager, app: &App) {
+    let Some(cloud) = app.cloud.clone() else {
+        return;
+    };
+    let mut c = manager.controller::<PendingNode>("pendingnode", &app.objects);
+    let pending = c.store();
+    let by_node = pending.clone();
+    let nodes = c.watches(&app.nodes, super::node_changed(), move |n: &Node| {
+        let name = n.name_any();
+        by_node
+            .list()
+            .iter()
+            .filter(|p| p.spec.node_name == name)
+            .filter_map(|p| Key::of(p.as_ref()))
+            .collect()
+    });
+    c.on_failure(app.report_failures());
+    c.register(PendingNodeReconciler {
+        client: app.client.clone(),
+        cloud,
+        leader: app.leader.clone(),
+        pending,
+        nodes,
+    });
+}
+
+/// Reconciles PendingNodes (key: the PendingNode's name).
 pub struct PendingNodeReconciler {
     pub client: Client,
     pub cloud: Arc<dyn CloudProvider>,
@@ -101,10 +131,11 @@ pub struct PendingNodeReconciler {
 }
 
 impl Reconciler for PendingNodeReconciler {
+    type Object = PendingNode;
     type Error = Error;
 
-    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
-        let Some(pn) = self.pending.get(key) else {
+    async fn reconcile(&self, _key: &Key<PendingNode>, pn: Option<Arc<PendingNode>>) -> Result<Action> {
+        let Some(pn) = pn else {
             return Ok(Action::Done);
         };
         let api: Api<PendingNode> = Api::all(self.client.clone());

@@ -19,7 +19,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
+use super::App;
 use crate::api::update::{
     NodeRole, NodeVersion, ScalingGroup, ScalingGroupSpec, ScalingGroupStatus, condition,
 };
@@ -27,7 +29,8 @@ use crate::cloud::{self, CloudError, CloudProvider, GroupRole};
 use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
-use crate::runtime::store::{ObjectKey, Store};
+use crate::runtime::manager::{Manager, always};
+use crate::runtime::store::{Key, ObjectKey, Store};
 
 /// Outdated=False: the group boots the NodeVersion's image.
 pub const REASON_IMAGE_UP_TO_DATE: &str = "ImageUpToDate";
@@ -319,14 +322,33 @@ pub async fn discover_and_create(
 
 /// The ScalingGroups following `nv` (for watching NodeVersions). A scan:
 /// clusters have a handful of groups.
-pub fn keys_for_node_version(store: &Store<ScalingGroup>, nv: &NodeVersion) -> Vec<ObjectKey> {
+pub fn keys_for_node_version(store: &Store<ScalingGroup>, nv: &NodeVersion) -> Vec<Key<ScalingGroup>> {
     let name = nv.name_any();
     store
         .list()
         .iter()
         .filter(|g| g.spec.node_image == name)
-        .filter_map(|g| ObjectKey::of(g.as_ref()))
+        .filter_map(|g| Key::of(g.as_ref()))
         .collect()
+}
+
+/// The ScalingGroup controller: its groups, and the NodeVersions they follow.
+pub fn register(manager: &mut Manager, app: &App) {
+    let Some(cloud) = app.cloud.clone() else {
+        return;
+    };
+    let mut c = manager.controller::<ScalingGroup>("scalinggroup", &app.objects);
+    let by_version = c.store();
+    let versions = c.watches(&app.objects, always(), move |v: &NodeVersion| {
+        keys_for_node_version(&by_version, v)
+    });
+    c.on_failure(app.report_failures());
+    c.register(ScalingGroupReconciler::new(
+        app.client.clone(),
+        app.leader.clone(),
+        cloud,
+        versions,
+    ));
 }
 
 /// Reconciles ScalingGroups (key: the ScalingGroup's name).
@@ -334,7 +356,6 @@ pub struct ScalingGroupReconciler {
     client: Client,
     leader: LeaderHandle,
     cloud: Arc<dyn CloudProvider>,
-    groups: Store<ScalingGroup>,
     node_versions: Store<NodeVersion>,
 }
 
@@ -343,14 +364,12 @@ impl ScalingGroupReconciler {
         client: Client,
         leader: LeaderHandle,
         cloud: Arc<dyn CloudProvider>,
-        groups: Store<ScalingGroup>,
         node_versions: Store<NodeVersion>,
     ) -> Self {
         ScalingGroupReconciler {
             client,
             leader,
             cloud,
-            groups,
             node_versions,
         }
     }
@@ -406,10 +425,11 @@ impl ScalingGroupReconciler {
 }
 
 impl Reconciler for ScalingGroupReconciler {
+    type Object = ScalingGroup;
     type Error = Error;
 
-    async fn reconcile(&self, key: &ObjectKey) -> Result<Action> {
-        let Some(group) = self.groups.get(key) else {
+    async fn reconcile(&self, _key: &Key<ScalingGroup>, group: Option<Arc<ScalingGroup>>) -> Result<Action> {
+        let Some(group) = group else {
             return Ok(Action::Done);
         };
         if group.metadata.deletion_timestamp.is_some() {
@@ -468,6 +488,63 @@ impl Reconciler for ScalingGroupReconciler {
         } else {
             Action::Done
         })
+    }
+}
+
+/// While leading: create ScalingGroups for cloud groups that have none, at
+/// once and then every 10 minutes (Constellation runs this outside leader
+/// election; here only the leader writes).
+pub fn register_discovery(manager: &mut Manager, app: &App, node_version: String) {
+    let Some(cloud) = app.cloud.clone() else {
+        return;
+    };
+    let groups = manager.store::<ScalingGroup>(&app.objects);
+    let client = app.client.clone();
+    manager.add_task(Box::new(move |leader, stop| {
+        Box::pin(discover_while_leading(
+            client,
+            cloud,
+            groups,
+            node_version,
+            leader,
+            stop,
+        ))
+    }));
+}
+
+async fn discover_while_leading(
+    client: Client,
+    cloud: Arc<dyn CloudProvider>,
+    groups: Store<ScalingGroup>,
+    node_version: String,
+    leader: LeaderHandle,
+    stop: CancellationToken,
+) {
+    let mut leading = leader.subscribe();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = leading.wait_for(|l| *l) => if changed.is_err() { return },
+        }
+        if leader.is_leader() {
+            match discover_and_create(
+                &client,
+                cloud.as_ref(),
+                &groups,
+                &node_version,
+                &Default::default(),
+            )
+            .await
+            {
+                Ok(created) if !created.is_empty() => tracing::info!(?created, "discovered scaling groups"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "scaling group discovery failed"),
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(600)) => {}
+        }
     }
 }
 
@@ -722,7 +799,7 @@ mod tests {
 
     #[test]
     fn node_versions_map_to_their_groups() {
-        let store: Store<ScalingGroup> = Store::new();
+        let store: crate::runtime::store::Writer<ScalingGroup> = crate::runtime::store::Writer::new();
         for (name, nv) in [("a", "v1"), ("b", "v2"), ("c", "v1")] {
             let g = ScalingGroup::new(
                 name,
@@ -739,6 +816,6 @@ mod tests {
         );
         let mut keys = keys_for_node_version(&store, &nv);
         keys.sort();
-        assert_eq!(keys, [ObjectKey::cluster("a"), ObjectKey::cluster("c")]);
+        assert_eq!(keys, [Key::cluster("a"), Key::cluster("c")]);
     }
 }

@@ -36,8 +36,26 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::error::{Error, Result};
 use crate::runtime::rate_limiter::lock;
+
+/// Why one attempt on the Lease failed (logged; the loop tries again).
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("lease {lease} did not answer within {after:?}")]
+    Timeout { lease: String, after: Duration },
+    #[error("lease {lease} has no metadata.resourceVersion: it cannot be written conditionally")]
+    NoResourceVersion { lease: String },
+}
+
+type Result<T, E = LeaseError> = std::result::Result<T, E>;
+
+/// This replica is not (or no longer) the leader: returned by
+/// [`LeaderHandle::ensure_leader`] so disruptive code can stop with `?`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("this replica is not the leader")]
+pub struct NotLeader;
 
 /// client-go's jitter factor for the acquire loop: waits are uniform in
 /// `[retry_period, retry_period × 2.2)`.
@@ -154,13 +172,9 @@ impl LeaderHandle {
         lock(&self.shared.valid_until).is_some_and(|until| Instant::now() < until)
     }
 
-    /// [`Error::NotLeader`] unless [`Self::is_leader`], for use with `?`.
-    pub fn ensure_leader(&self) -> Result<()> {
-        if self.is_leader() {
-            Ok(())
-        } else {
-            Err(Error::NotLeader)
-        }
+    /// [`NotLeader`] unless [`Self::is_leader`], for use with `?`.
+    pub fn ensure_leader(&self) -> Result<(), NotLeader> {
+        if self.is_leader() { Ok(()) } else { Err(NotLeader) }
     }
 
     /// Leadership transitions, to start and stop workers. The value follows
@@ -405,8 +419,8 @@ impl LeaderElector {
     async fn attempt(&mut self, limit: Duration) -> Result<Attempt> {
         match timeout(limit, self.try_acquire_or_renew()).await {
             Ok(result) => result,
-            Err(_) => Err(Error::Timeout {
-                what: format!("lease {}", self.lease_ref()),
+            Err(_) => Err(LeaseError::Timeout {
+                lease: self.lease_ref(),
                 after: limit,
             }),
         }
@@ -506,10 +520,8 @@ impl LeaderElector {
             .resource_version
             .clone()
             .filter(|rv| !rv.is_empty())
-            .ok_or_else(|| Error::InvalidObject {
-                kind: "Lease",
-                name: self.lease_ref(),
-                reason: "it has no metadata.resourceVersion".to_owned(),
+            .ok_or_else(|| LeaseError::NoResourceVersion {
+                lease: self.lease_ref(),
             })
     }
 
@@ -520,7 +532,7 @@ impl LeaderElector {
         match timeout(limit, self.try_release()).await {
             Ok(Ok(true)) => info!("released the lease"),
             Ok(Ok(false)) => {}
-            Ok(Err(Error::Kube(err))) if is_conflict(&err) => {
+            Ok(Err(LeaseError::Kube(err))) if is_conflict(&err) => {
                 info!("lease changed before it could be released")
             }
             Ok(Err(err)) => warn!(error = %err, "could not release the lease; {LATER}"),
@@ -700,7 +712,7 @@ mod tests {
         // A deadline in the past: the loop has not noticed yet, the handle has.
         shared.lead_until(Instant::now());
         assert!(!handle.is_leader());
-        assert!(matches!(handle.ensure_leader(), Err(Error::NotLeader)));
+        assert_eq!(handle.ensure_leader(), Err(NotLeader));
         shared.stop_leading();
         assert!(!*handle.subscribe().borrow());
     }

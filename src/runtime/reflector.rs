@@ -9,7 +9,13 @@
 //! - 410 Gone → relist from the last resourceVersion, and if that is expired
 //!   too, a consistent list (`resourceVersion=""`);
 //! - objects missing from a relist are reported as deletions;
-//! - errors back off 800 ms → 30 s with jitter, reset after 2 min healthy.
+//! - errors back off 800 ms → 30 s with jitter, reset after 2 min healthy;
+//! - a watch that delivers nothing (no event, no bookmark) for `idle_timeout`
+//!   is taken for a dead connection and restarted from the last
+//!   resourceVersion; list pages and watch starts are bounded by the same
+//!   timeout. kube's client has no read timeout, so without this a stalled
+//!   connection would leave the store stale with no error (client-go gets
+//!   the same from HTTP/2 pings).
 //!
 //! Every object passes through a transform (by default: strip managedFields)
 //! before it is stored, and every change is handed to the registered handlers
@@ -28,14 +34,18 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::{Backoff, BackoffConfig};
-use super::store::{ObjectKey, Store};
+use super::store::{ObjectKey, Store, Writer};
 
 /// A change the reflector applied to its store.
 #[derive(Debug)]
 pub enum Event<K> {
+    /// A new object.
     Added(Arc<K>),
+    /// A changed object, before and after.
     Updated {
+        /// As stored before the change.
         old: Arc<K>,
+        /// As stored now.
         new: Arc<K>,
     },
     /// The object was deleted, or vanished while the watch was disconnected
@@ -53,18 +63,29 @@ impl<K> Event<K> {
     }
 }
 
+/// Called after each store change, on the reflector's task.
 pub type Handler<K> = Arc<dyn Fn(&Event<K>) + Send + Sync>;
+/// Applied to every object before it is stored.
 pub type Transform<K> = Arc<dyn Fn(K) -> K + Send + Sync>;
 
+/// What a reflector lists and watches, and how patiently.
 #[derive(Clone, Debug)]
 pub struct ReflectorConfig {
+    /// Only objects with these labels.
     pub label_selector: Option<String>,
+    /// Only objects with these fields.
     pub field_selector: Option<String>,
     /// Objects per list page.
     pub page_size: u32,
     /// Each watch asks the server to end it after a random time in this range,
     /// so that many clients do not reconnect at once.
     pub watch_timeout: (Duration, Duration),
+    /// A watch silent this long (no event, no bookmark) is restarted; also
+    /// the limit for one list page or one watch start. The API server sends
+    /// a bookmark about once a minute on a quiet watch, so the default
+    /// restarts a healthy watch rarely, and a restart costs no relist.
+    pub idle_timeout: Duration,
+    /// Pauses after failed lists and watches.
     pub backoff: BackoffConfig,
 }
 
@@ -75,6 +96,7 @@ impl Default for ReflectorConfig {
             field_selector: None,
             page_size: 500,
             watch_timeout: (Duration::from_secs(300), Duration::from_secs(600)),
+            idle_timeout: Duration::from_secs(70),
             backoff: BackoffConfig::default(),
         }
     }
@@ -112,14 +134,18 @@ pub struct ReflectorStats {
     pub expired: AtomicU64,
     /// Failed list or watch attempts (each one backs off).
     pub failures: AtomicU64,
+    /// Watches restarted because they were silent for `idle_timeout`, and
+    /// lists or watch starts that did not answer within it.
+    pub stalls: AtomicU64,
 }
 
+/// Keeps one store equal to the API server's view (see the module docs).
 pub struct Reflector<K> {
     name: String,
     stats: Arc<ReflectorStats>,
     api: Api<K>,
     config: ReflectorConfig,
-    store: Store<K>,
+    writer: Writer<K>,
     transform: Transform<K>,
     handlers: Vec<Handler<K>>,
 }
@@ -154,7 +180,7 @@ where
             stats: Arc::default(),
             api,
             config,
-            store: Store::new(),
+            writer: Writer::new(),
             transform: Arc::new(strip_managed_fields::<K>),
             handlers: Vec::new(),
         }
@@ -172,10 +198,12 @@ where
         self.handlers.push(Arc::new(handler));
     }
 
+    /// A read-only handle on the reflector's cache.
     pub fn store(&self) -> Store<K> {
-        self.store.clone()
+        self.writer.store()
     }
 
+    /// What the reflector did so far.
     pub fn stats(&self) -> Arc<ReflectorStats> {
         self.stats.clone()
     }
@@ -233,13 +261,18 @@ where
         let mut objects = Vec::new();
         let mut list_rv = None;
         loop {
-            let page = match self.api.list(&params).await {
-                Ok(page) => page,
-                Err(e) if is_gone(&e) => {
+            let page = match tokio::time::timeout(self.config.idle_timeout, self.api.list(&params)).await {
+                Err(_) => {
+                    self.stats.stalls.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(reflector = %self.name, after = ?self.config.idle_timeout, "list did not answer");
+                    return Err(Stop::Failed);
+                }
+                Ok(Ok(page)) => page,
+                Ok(Err(e)) if is_gone(&e) => {
                     self.stats.expired.fetch_add(1, Ordering::Relaxed);
                     return Err(Stop::Gone);
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(reflector = %self.name, error = %e, "list failed");
                     return Err(Stop::Failed);
@@ -269,7 +302,7 @@ where
             return Err(Stop::Failed);
         };
         let count = objects.len();
-        let changed = self.store.replace(objects);
+        let changed = self.writer.replace(objects);
         for obj in changed.deleted {
             self.emit(&Event::Deleted(obj));
         }
@@ -281,7 +314,7 @@ where
                 self.emit(&Event::Updated { old, new });
             }
         }
-        self.store.mark_synced();
+        self.writer.mark_synced();
         self.stats.lists.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(reflector = %self.name, count, resource_version = %list_rv, "listed");
         Ok(list_rv)
@@ -301,9 +334,21 @@ where
                 ..WatchParams::default()
             };
             let started = Instant::now();
+            let idle = self.config.idle_timeout;
             let stream = tokio::select! {
                 _ = shutdown.cancelled() => return Stop::Shutdown,
-                s = self.api.watch(&params, last_rv) => s,
+                s = tokio::time::timeout(idle, self.api.watch(&params, last_rv)) => s,
+            };
+            let stream = match stream {
+                Ok(s) => s,
+                Err(_) => {
+                    self.stats.stalls.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(reflector = %self.name, after = ?idle, "watch did not start; retrying");
+                    if let Some(stop) = self.sleep(backoff, shutdown).await {
+                        return stop;
+                    }
+                    continue;
+                }
             };
             let mut stream = match stream {
                 Ok(s) => {
@@ -327,7 +372,14 @@ where
             loop {
                 let next = tokio::select! {
                     _ = shutdown.cancelled() => return Stop::Shutdown,
-                    next = stream.next() => next,
+                    next = tokio::time::timeout(idle, stream.next()) => next,
+                };
+                let Ok(next) = next else {
+                    // Silent for too long: the connection is presumed dead.
+                    // Restart from the last version (no relist, no backoff).
+                    self.stats.stalls.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(reflector = %self.name, after = ?idle, resource_version = %last_rv, "watch silent; restarting it");
+                    break;
                 };
                 match next {
                     None => break,
@@ -383,11 +435,11 @@ where
             return;
         };
         if deleted {
-            let last = self.store.remove(&key).unwrap_or_else(|| Arc::new(obj));
+            let last = self.writer.remove(&key).unwrap_or_else(|| Arc::new(obj));
             self.emit(&Event::Deleted(last));
         } else {
             let obj = Arc::new(obj);
-            match self.store.insert(key, obj.clone()) {
+            match self.writer.insert(key, obj.clone()) {
                 Some(old) => self.emit(&Event::Updated { old, new: obj }),
                 None => self.emit(&Event::Added(obj)),
             }

@@ -4,9 +4,15 @@
 //! cheap shared handle and a writer replaces the whole object. Each named index
 //! maps an index value to the set of object keys having it (an inverted index),
 //! kept in step on every add, update and delete; empty sets are removed.
+//!
+//! The cache has two faces (kube-runtime's `Writer`/`Store`): a [`Writer`]
+//! that only its reflector holds, and any number of read-only [`Store`]s for
+//! controllers, so nothing but the watch can change what a controller sees.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::marker::PhantomData;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kube::Resource;
@@ -50,6 +56,97 @@ impl fmt::Display for ObjectKey {
     }
 }
 
+/// The key of an object of kind `K`: a mapper that returns keys for a
+/// controller of `K` cannot hand it a key of another kind.
+pub struct Key<K> {
+    key: ObjectKey,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Key<K> {
+    /// The key of `namespace/name` (or `name` when cluster-scoped).
+    pub fn new(namespace: Option<&str>, name: &str) -> Self {
+        ObjectKey::new(namespace, name).into()
+    }
+
+    /// The key of a cluster-scoped object.
+    pub fn cluster(name: &str) -> Self {
+        ObjectKey::cluster(name).into()
+    }
+
+    /// The untyped key, for stores and logs.
+    pub fn untyped(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
+impl<K: Resource> Key<K> {
+    /// The key of an object; None for an object without a name.
+    pub fn of(obj: &K) -> Option<Self> {
+        ObjectKey::of(obj).map(Into::into)
+    }
+}
+
+impl<K> From<ObjectKey> for Key<K> {
+    fn from(key: ObjectKey) -> Self {
+        Key {
+            key,
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K> std::ops::Deref for Key<K> {
+    type Target = ObjectKey;
+    fn deref(&self) -> &ObjectKey {
+        &self.key
+    }
+}
+
+impl<K> Clone for Key<K> {
+    fn clone(&self) -> Self {
+        self.key.clone().into()
+    }
+}
+
+impl<K> PartialEq for Key<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl<K> Eq for Key<K> {}
+
+impl<K> Hash for Key<K> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+    }
+}
+
+impl<K> PartialOrd for Key<K> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<K> Ord for Key<K> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key.cmp(&other.key)
+    }
+}
+
+impl<K> fmt::Debug for Key<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.key, f)
+    }
+}
+
+impl<K> fmt::Display for Key<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.key, f)
+    }
+}
+
 /// An index function: the index values of an object (none, one or many).
 pub type IndexFn<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
 
@@ -63,7 +160,7 @@ struct Inner<K> {
     indexes: HashMap<&'static str, Index<K>>,
 }
 
-/// The cache. Cheap to clone: clones share the same objects.
+/// The read side of the cache. Cheap to clone: clones share the same objects.
 pub struct Store<K> {
     inner: Arc<RwLock<Inner<K>>>,
     synced: watch::Sender<bool>,
@@ -78,14 +175,26 @@ impl<K> Clone for Store<K> {
     }
 }
 
+/// An empty store that no reflector feeds (for tests of pure code).
 impl<K> Default for Store<K> {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+/// The write side of the cache: held by the one reflector that feeds it.
+pub struct Writer<K> {
+    store: Store<K>,
+}
+
+impl<K> Default for Writer<K> {
     fn default() -> Self {
         Self::new()
     }
 }
 
 impl<K> Store<K> {
-    pub fn new() -> Self {
+    fn empty() -> Self {
         Store {
             inner: Arc::new(RwLock::new(Inner {
                 objects: HashMap::new(),
@@ -126,8 +235,9 @@ impl<K> Store<K> {
         self.read().objects.values().cloned().collect()
     }
 
-    pub fn keys(&self) -> Vec<ObjectKey> {
-        self.read().objects.keys().cloned().collect()
+    /// The keys of every stored object.
+    pub fn keys(&self) -> Vec<Key<K>> {
+        self.read().objects.keys().cloned().map(Key::from).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -155,13 +265,13 @@ impl<K> Store<K> {
     }
 
     /// The keys whose index `index` has `value`.
-    pub fn keys_by_index(&self, index: &str, value: &str) -> Vec<ObjectKey> {
+    pub fn keys_by_index(&self, index: &str, value: &str) -> Vec<Key<K>> {
         let inner = self.read();
         inner
             .indexes
             .get(index)
             .and_then(|idx| idx.values.get(value))
-            .map(|keys| keys.iter().cloned().collect())
+            .map(|keys| keys.iter().cloned().map(Key::from).collect())
             .unwrap_or_default()
     }
 
@@ -175,9 +285,43 @@ impl<K> Store<K> {
             .unwrap_or_default()
     }
 
+    /// True once the first full list has been stored.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Resolves once the first full list has been stored.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        // Err only when the sender is gone, which cannot happen while `self` lives.
+        let _ = rx.wait_for(|synced| *synced).await;
+    }
+}
+
+/// The writer reads what it wrote, like any store.
+impl<K> std::ops::Deref for Writer<K> {
+    type Target = Store<K>;
+    fn deref(&self) -> &Store<K> {
+        &self.store
+    }
+}
+
+impl<K> Writer<K> {
+    /// An empty cache, not yet synced.
+    pub fn new() -> Self {
+        Writer {
+            store: Store::empty(),
+        }
+    }
+
+    /// A read-only handle for controllers.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
     /// Inserts or replaces an object; returns the previous one.
     pub fn insert(&self, key: ObjectKey, obj: Arc<K>) -> Option<Arc<K>> {
-        let mut inner = self.write();
+        let mut inner = self.store.write();
         let Inner { objects, indexes } = &mut *inner;
         let old = objects.insert(key.clone(), obj.clone());
         for idx in indexes.values_mut() {
@@ -193,7 +337,7 @@ impl<K> Store<K> {
 
     /// Removes an object; returns it if it was there.
     pub fn remove(&self, key: &ObjectKey) -> Option<Arc<K>> {
-        let mut inner = self.write();
+        let mut inner = self.store.write();
         let Inner { objects, indexes } = &mut *inner;
         let old = objects.remove(key)?;
         for idx in indexes.values_mut() {
@@ -210,7 +354,7 @@ impl<K> Store<K> {
         for (key, obj) in objects {
             fresh.insert(key, obj);
         }
-        let mut inner = self.write();
+        let mut inner = self.store.write();
         let mut out = Replaced {
             added: Vec::new(),
             updated: Vec::new(),
@@ -240,20 +384,9 @@ impl<K> Store<K> {
         out
     }
 
-    /// True once the first full list has been stored.
-    pub fn is_synced(&self) -> bool {
-        *self.synced.borrow()
-    }
-
-    pub(crate) fn mark_synced(&self) {
-        self.synced.send_replace(true);
-    }
-
-    /// Resolves once the first full list has been stored.
-    pub async fn wait_synced(&self) {
-        let mut rx = self.synced.subscribe();
-        // Err only when the sender is gone, which cannot happen while `self` lives.
-        let _ = rx.wait_for(|synced| *synced).await;
+    /// Marks the first full list as stored (wakes [`Store::wait_synced`]).
+    pub fn mark_synced(&self) {
+        self.store.synced.send_replace(true);
     }
 }
 
@@ -291,7 +424,7 @@ mod tests {
         (ObjectKey::new(Some(ns), name), Arc::new(obj))
     }
 
-    fn color_index(store: &Store<ConfigMap>) {
+    fn color_index(store: &Writer<ConfigMap>) {
         store.add_index("color", |c: &ConfigMap| {
             c.metadata
                 .labels
@@ -310,7 +443,7 @@ mod tests {
 
     #[test]
     fn index_follows_add_update_delete() {
-        let store = Store::new();
+        let store = Writer::new();
         color_index(&store);
         let (ka, a) = cm("ns", "a", "red");
         let (kb, b) = cm("ns", "b", "red");
@@ -333,7 +466,7 @@ mod tests {
 
     #[test]
     fn index_added_late_covers_existing_objects() {
-        let store = Store::new();
+        let store = Writer::new();
         let (k, a) = cm("ns", "a", "green");
         store.insert(k, a);
         color_index(&store);
@@ -343,7 +476,7 @@ mod tests {
 
     #[test]
     fn replace_reports_vanished_objects_as_deleted() {
-        let store = Store::new();
+        let store = Writer::new();
         color_index(&store);
         for (k, o) in [
             cm("ns", "a", "red"),
@@ -369,7 +502,7 @@ mod tests {
 
     #[test]
     fn stored_objects_are_shared_not_copied() {
-        let store = Store::new();
+        let store = Writer::new();
         let (k, a) = cm("ns", "a", "red");
         store.insert(k.clone(), a.clone());
         let got = store.get(&k).expect("stored");
@@ -378,13 +511,14 @@ mod tests {
 
     #[tokio::test]
     async fn synced_signal_fires_once_marked() {
-        let store: Store<ConfigMap> = Store::new();
+        let writer: Writer<ConfigMap> = Writer::new();
+        let store = writer.store();
         assert!(!store.is_synced());
         let waiter = {
             let store = store.clone();
             tokio::spawn(async move { store.wait_synced().await })
         };
-        store.mark_synced();
+        writer.mark_synced();
         tokio::time::timeout(std::time::Duration::from_secs(1), waiter)
             .await
             .expect("wait_synced resolves")

@@ -11,7 +11,14 @@
 //! * delayed adds wait in an ordered map; a second delayed add of a waiting
 //!   key keeps the earlier ready time;
 //! * only [`WorkQueue::add_rate_limited`] counts as a failure for backoff, a
-//!   plain [`WorkQueue::add`] (a watch event) never does.
+//!   plain [`WorkQueue::add`] (a watch event) never does;
+//! * a key waiting out its backoff after a failure is *held*: adds and
+//!   delayed adds meanwhile are absorbed (the key comes back when the
+//!   backoff ends, so no event is lost), and a key that was added while its
+//!   failing reconcile ran is not re-queued at `done`. client-go lets any
+//!   event bypass the backoff, so a failing object that is mapped from a busy
+//!   watch (every Node update requeues a NodeVersion) is retried at the event
+//!   rate, not the backoff's.
 //!
 //! Delayed keys are moved into the queue lazily, by whichever operation looks
 //! at the queue next (`get`, `len`), and waiting getters sleep until the
@@ -29,108 +36,15 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::metrics::QueueMetrics;
 use super::rate_limiter::{RateLimiter, default_rate_limiter, lock};
 
 /// Delays are clamped to this (like tokio's "far future") so that
 /// `now + delay` cannot overflow.
 const MAX_DELAY: Duration = Duration::from_secs(86_400 * 365 * 30);
-
-/// Label set of every queue metric: the queue's name.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueueLabels {
-    pub name: String,
-}
-
-type HistogramFamily = Family<QueueLabels, Histogram, fn() -> Histogram>;
-
-/// Prometheus metrics shared by all queues of a process, one series per
-/// queue `name`. Cloning is cheap (the families are reference counted).
-#[derive(Clone, Debug)]
-pub struct QueueMetrics {
-    depth: Family<QueueLabels, Gauge>,
-    adds: Family<QueueLabels, Counter>,
-    queue_duration: HistogramFamily,
-    work_duration: HistogramFamily,
-    retries: Family<QueueLabels, Counter>,
-}
-
-/// client-go's buckets: 10 ns to 10 s, factor 10.
-fn duration_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(1e-8, 10.0, 10))
-}
-
-impl QueueMetrics {
-    /// Creates the metric families and registers them in `registry`.
-    /// Call once per registry; give each queue its own name instead.
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self {
-            depth: Family::default(),
-            adds: Family::default(),
-            queue_duration: Family::new_with_constructor(duration_histogram),
-            work_duration: Family::new_with_constructor(duration_histogram),
-            retries: Family::default(),
-        };
-        registry.register(
-            "workqueue_depth",
-            "Current depth of the work queue",
-            m.depth.clone(),
-        );
-        registry.register(
-            "workqueue_adds",
-            "Keys newly made ready by the work queue",
-            m.adds.clone(),
-        );
-        registry.register(
-            "workqueue_queue_duration_seconds",
-            "Time a key waits in the work queue before it is handed out",
-            m.queue_duration.clone(),
-        );
-        registry.register(
-            "workqueue_work_duration_seconds",
-            "Time from handing a key out to its done",
-            m.work_duration.clone(),
-        );
-        registry.register(
-            "workqueue_retries",
-            "Rate-limited re-adds handled by the work queue",
-            m.retries.clone(),
-        );
-        m
-    }
-
-    /// Resolves the series of one queue once, so hot paths touch plain
-    /// atomics instead of the family's label map.
-    fn bind(&self, name: &str) -> BoundMetrics {
-        let labels = QueueLabels {
-            name: name.to_owned(),
-        };
-        BoundMetrics {
-            depth: self.depth.get_or_create_owned(&labels),
-            adds: self.adds.get_or_create_owned(&labels),
-            queue_duration: self.queue_duration.get_or_create_owned(&labels),
-            work_duration: self.work_duration.get_or_create_owned(&labels),
-            retries: self.retries.get_or_create_owned(&labels),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct BoundMetrics {
-    depth: Gauge,
-    adds: Counter,
-    queue_duration: Histogram,
-    work_duration: Histogram,
-    retries: Counter,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -155,6 +69,9 @@ struct State<K> {
     delayed: BTreeMap<(Instant, u64), K>,
     /// Ready time of each delayed key, to keep only the earliest.
     waiting: HashMap<K, (Instant, u64)>,
+    /// Delayed keys that are waiting out a failure's backoff: not to be
+    /// handed out before their ready time, whatever is added meanwhile.
+    held: HashSet<K>,
     seq: u64,
     /// When each dirty key was added; only kept when metrics are on.
     added_at: HashMap<K, Instant>,
@@ -172,6 +89,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             dirty_processing: 0,
             delayed: BTreeMap::new(),
             waiting: HashMap::new(),
+            held: HashSet::new(),
             seq: 0,
             added_at: HashMap::new(),
             started_at: HashMap::new(),
@@ -179,12 +97,12 @@ impl<K: Clone + Eq + Hash> State<K> {
     }
 
     /// client-go `Add`. Returns true if the key was pushed to `queue`.
-    fn insert(&mut self, key: K, m: Option<&BoundMetrics>) -> bool {
-        if self.dirty.contains(&key) {
+    fn insert(&mut self, key: K, m: Option<&dyn QueueMetrics>) -> bool {
+        if self.dirty.contains(&key) || self.held.contains(&key) {
             return false;
         }
         if let Some(m) = m {
-            m.adds.inc();
+            m.added();
             self.added_at.entry(key.clone()).or_insert_with(Instant::now);
         }
         if self.processing.contains(&key) {
@@ -195,14 +113,14 @@ impl<K: Clone + Eq + Hash> State<K> {
         self.dirty.insert(key.clone());
         self.queue.push_back(key);
         if let Some(m) = m {
-            m.depth.set(self.queue.len() as i64);
+            m.depth(self.queue.len());
         }
         true
     }
 
     /// Moves delayed keys that are ready at `now` into the queue, earliest
     /// first. Returns how many were pushed.
-    fn promote(&mut self, now: Instant, m: Option<&BoundMetrics>) -> usize {
+    fn promote(&mut self, now: Instant, m: Option<&dyn QueueMetrics>) -> usize {
         let mut pushed = 0;
         while let Some(entry) = self.delayed.first_entry() {
             if entry.key().0 > now {
@@ -210,6 +128,7 @@ impl<K: Clone + Eq + Hash> State<K> {
             }
             let key = entry.remove();
             self.waiting.remove(&key);
+            self.held.remove(&key);
             if self.insert(key, m) {
                 pushed += 1;
             }
@@ -220,6 +139,7 @@ impl<K: Clone + Eq + Hash> State<K> {
     fn clear_delayed(&mut self) {
         self.delayed.clear();
         self.waiting.clear();
+        self.held.clear();
     }
 
     /// Nothing queued and nothing that `done` could re-queue.
@@ -246,7 +166,7 @@ struct Inner<K> {
     /// Wakes `shut_down_with_drain` when the queue may have become idle.
     idle: Notify,
     limiter: Box<dyn RateLimiter<K>>,
-    metrics: Option<BoundMetrics>,
+    metrics: Option<Arc<dyn QueueMetrics>>,
 }
 
 /// A cheap-to-clone handle to a work queue. See the module docs.
@@ -276,7 +196,11 @@ where
 {
     /// A queue named `name` (the metrics label) that uses `limiter` for
     /// [`add_rate_limited`](Self::add_rate_limited).
-    pub fn new(name: &str, limiter: impl RateLimiter<K> + 'static, metrics: Option<QueueMetrics>) -> Self {
+    pub fn new(
+        name: &str,
+        limiter: impl RateLimiter<K> + 'static,
+        metrics: Option<Arc<dyn QueueMetrics>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 name: name.to_owned(),
@@ -284,7 +208,7 @@ where
                 getters: Notify::new(),
                 idle: Notify::new(),
                 limiter: Box::new(limiter),
-                metrics: metrics.map(|m| m.bind(name)),
+                metrics,
             }),
         }
     }
@@ -299,8 +223,8 @@ where
         &self.inner.name
     }
 
-    fn metrics(&self) -> Option<&BoundMetrics> {
-        self.inner.metrics.as_ref()
+    fn metrics(&self) -> Option<&dyn QueueMetrics> {
+        self.inner.metrics.as_deref()
     }
 
     /// Marks `key` as needing processing. Ignored during shutdown.
@@ -324,16 +248,26 @@ where
     }
 
     fn add_at(&self, key: K, ready_at: Instant) {
+        self.schedule(key, ready_at, false);
+    }
+
+    /// Puts `key` in the delayed map for `ready_at`. A plain delayed add
+    /// keeps an earlier time already there and is absorbed by a held key; a
+    /// held add (a backoff) replaces whatever was there.
+    fn schedule(&self, key: K, ready_at: Instant, hold: bool) {
         let earliest = {
             let mut st = lock(&self.inner.state);
-            if st.phase != Phase::Running {
+            if st.phase != Phase::Running || (!hold && st.held.contains(&key)) {
                 return;
             }
             if let Some(&old) = st.waiting.get(&key) {
-                if old.0 <= ready_at {
+                if !hold && old.0 <= ready_at {
                     return;
                 }
                 st.delayed.remove(&old);
+            }
+            if hold {
+                st.held.insert(key.clone());
             }
             st.seq += 1;
             let slot = (ready_at, st.seq);
@@ -348,16 +282,23 @@ where
     }
 
     /// Re-adds `key` after the delay its rate limiter chooses, counting one
-    /// more failure for it. Use this on reconcile errors, not for events.
+    /// more failure for it, and holds it until then (see the module docs).
+    /// Use this on reconcile errors, not for events.
     pub fn add_rate_limited(&self, key: K) {
+        self.add_rate_limited_after(key, Duration::ZERO);
+    }
+
+    /// Like [`add_rate_limited`](Self::add_rate_limited), but not sooner
+    /// than `at_least` (a Retry-After the other side asked for).
+    pub fn add_rate_limited_after(&self, key: K, at_least: Duration) {
         if self.is_shutting_down() {
             return;
         }
         if let Some(m) = self.metrics() {
-            m.retries.inc();
+            m.retried();
         }
-        let delay = self.inner.limiter.when(&key);
-        self.add_after(key, delay);
+        let delay = self.inner.limiter.when(&key).max(at_least).min(MAX_DELAY);
+        self.schedule(key, Instant::now() + delay, true);
     }
 
     /// Clears the failure history of `key` (call after a success).
@@ -413,10 +354,9 @@ where
                 st.dirty.remove(&key);
                 st.processing.insert(key.clone());
                 if let Some(m) = m {
-                    m.depth.set(st.queue.len() as i64);
+                    m.depth(st.queue.len());
                     if let Some(t) = st.added_at.remove(&key) {
-                        m.queue_duration
-                            .observe(now.saturating_duration_since(t).as_secs_f64());
+                        m.waited(now.saturating_duration_since(t));
                     }
                     st.started_at.insert(key.clone(), now);
                 }
@@ -454,14 +394,21 @@ where
             if let Some(m) = m
                 && let Some(t) = st.started_at.remove(key)
             {
-                m.work_duration.observe(t.elapsed().as_secs_f64());
+                m.worked(t.elapsed());
             }
-            let requeued = st.dirty.contains(key);
-            if requeued {
+            let dirty = st.dirty.contains(key);
+            if dirty {
                 st.dirty_processing -= 1;
+            }
+            // Added while its reconcile failed: the backoff brings it back.
+            let requeued = dirty && !st.held.contains(key);
+            if dirty && !requeued {
+                st.dirty.remove(key);
+                st.added_at.remove(key);
+            } else if requeued {
                 st.queue.push_back(key.clone());
                 if let Some(m) = m {
-                    m.depth.set(st.queue.len() as i64);
+                    m.depth(st.queue.len());
                 }
             }
             let draining = st.phase == Phase::Draining;
@@ -561,7 +508,6 @@ mod tests {
     use super::*;
     use crate::runtime::rate_limiter::ItemExponential;
     use futures::FutureExt;
-    use prometheus_client::encoding::text::encode;
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -878,32 +824,90 @@ mod tests {
         assert!(processed >= u64::from(KEYS).min(adds) && processed <= adds);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_key_in_backoff_waits_it_out_whatever_is_added() {
+        let limiter = ItemExponential::new(Duration::from_secs(1), Duration::from_secs(60));
+        let q: WorkQueue<u32> = WorkQueue::new("held", limiter, None);
+        q.add(1);
+        let k = within(q.get()).await.expect("open");
+        // An event arrives while the reconcile runs, then it fails.
+        q.add(1);
+        q.add_rate_limited(1);
+        q.done(&k);
+        assert_eq!(q.len(), 0, "not re-queued at done: the backoff brings it back");
+        // Events and short requeues during the backoff are absorbed.
+        q.add(1);
+        q.add_after(1, MS);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(q.len(), 0);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(q.len(), 1, "handed out once the backoff ends");
+        let k = within(q.get()).await.expect("open");
+        q.done(&k);
+        // Once out of backoff, events go through at once again.
+        q.add(1);
+        assert_eq!(q.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_is_a_floor_on_the_backoff() {
+        let q: WorkQueue<u32> = WorkQueue::with_defaults("after");
+        q.add_rate_limited_after(7, Duration::from_secs(30));
+        tokio::time::advance(Duration::from_millis(29_990)).await;
+        assert_eq!(q.len(), 0);
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(q.len(), 1);
+    }
+
+    /// Counts what the queue reports.
+    #[derive(Default)]
+    struct Recorded {
+        depth: std::sync::atomic::AtomicUsize,
+        added: std::sync::atomic::AtomicUsize,
+        waited: std::sync::atomic::AtomicUsize,
+        worked: std::sync::atomic::AtomicUsize,
+        retried: std::sync::atomic::AtomicUsize,
+    }
+
+    impl QueueMetrics for Recorded {
+        fn depth(&self, depth: usize) {
+            self.depth.store(depth, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn added(&self) {
+            self.added.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn waited(&self, _: Duration) {
+            self.waited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn worked(&self, _: Duration) {
+            self.worked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn retried(&self) {
+            self.retried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     #[tokio::test]
     async fn metrics_track_depth_adds_durations_and_retries() {
-        let mut registry = Registry::default();
-        let metrics = QueueMetrics::register(&mut registry);
-        let q: WorkQueue<u32> = WorkQueue::new("nodes", default_rate_limiter(), Some(metrics.clone()));
-        let other: WorkQueue<u32> = WorkQueue::new("other", default_rate_limiter(), Some(metrics));
+        use std::sync::atomic::Ordering::Relaxed;
+        let nodes = Arc::new(Recorded::default());
+        let other = Arc::new(Recorded::default());
+        let q: WorkQueue<u32> = WorkQueue::new("nodes", default_rate_limiter(), Some(nodes.clone()));
+        let o: WorkQueue<u32> = WorkQueue::new("other", default_rate_limiter(), Some(other.clone()));
         q.add(1);
         q.add(1);
         q.add(2);
-        other.add(1);
+        o.add(1);
         let k = within(q.get()).await.expect("open");
         q.done(&k);
         q.add_rate_limited(3);
-        let mut text = String::new();
-        encode(&mut text, &registry).expect("encode");
-        for line in [
-            r#"workqueue_depth{name="nodes"} 1"#,
-            r#"workqueue_depth{name="other"} 1"#,
-            r#"workqueue_adds_total{name="nodes"} 2"#,
-            r#"workqueue_retries_total{name="nodes"} 1"#,
-            r#"workqueue_queue_duration_seconds_count{name="nodes"} 1"#,
-            r#"workqueue_work_duration_seconds_count{name="nodes"} 1"#,
-            r#"workqueue_work_duration_seconds_count{name="other"} 0"#,
-        ] {
-            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
-        }
+        assert_eq!(nodes.depth.load(Relaxed), 1);
+        assert_eq!(other.depth.load(Relaxed), 1);
+        assert_eq!(nodes.added.load(Relaxed), 2);
+        assert_eq!(nodes.retried.load(Relaxed), 1);
+        assert_eq!(nodes.waited.load(Relaxed), 1);
+        assert_eq!(nodes.worked.load(Relaxed), 1);
+        assert_eq!(other.worked.load(Relaxed), 0);
     }
 
     #[derive(Clone, Debug)]

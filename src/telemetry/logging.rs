@@ -1,10 +1,13 @@
 //! Logging setup.
 
+use std::io::IsTerminal;
+
 use opentelemetry_sdk::trace::SdkTracer;
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-/// Installs the global tracing subscriber: human-readable logs to stderr, or
-/// JSON lines when `json` is set. The level comes from `RUST_LOG` (default
+/// Installs the global tracing subscriber: human-readable logs to stderr
+/// (coloured only when stderr is a terminal: CI logs and files get plain
+/// text), or JSON lines when `json` is set. The level comes from `RUST_LOG` (default
 /// info). With a `tracer` (trace export configured), spans also go to
 /// OpenTelemetry.
 pub fn init_logging(json: bool, tracer: Option<SdkTracer>) {
@@ -17,7 +20,11 @@ pub fn init_logging(json: bool, tracer: Option<SdkTracer>) {
             .try_init();
     } else {
         let _ = registry
-            .with(fmt::layer().with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init();
     }
 }

@@ -12,7 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::runtime::workqueue::QueueMetrics;
+use crate::runtime::error::Category;
+use crate::runtime::metrics::{QueueMetrics, RuntimeMetrics};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
@@ -63,7 +64,108 @@ pub struct CloudErrorLabels {
     pub category: String,
 }
 
+/// Label set of every queue metric: the queue's name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub name: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// client-go's work-queue metrics, one series per queue name.
+#[derive(Clone, Debug)]
+pub struct QueueFamilies {
+    depth: Family<QueueLabels, Gauge>,
+    adds: Family<QueueLabels, Counter>,
+    queue_duration: HistogramFamily<QueueLabels>,
+    work_duration: HistogramFamily<QueueLabels>,
+    retries: Family<QueueLabels, Counter>,
+}
+
+/// client-go's buckets: 10 ns to 10 s, factor 10.
+fn queue_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-8, 10.0, 10))
+}
+
+impl QueueFamilies {
+    fn register(registry: &mut Registry) -> Self {
+        let m = QueueFamilies {
+            depth: Family::default(),
+            adds: Family::default(),
+            queue_duration: Family::new_with_constructor(queue_histogram),
+            work_duration: Family::new_with_constructor(queue_histogram),
+            retries: Family::default(),
+        };
+        registry.register(
+            "workqueue_depth",
+            "Current depth of the work queue",
+            m.depth.clone(),
+        );
+        registry.register(
+            "workqueue_adds",
+            "Keys newly made ready by the work queue",
+            m.adds.clone(),
+        );
+        registry.register(
+            "workqueue_queue_duration_seconds",
+            "Time a key waits in the work queue before it is handed out",
+            m.queue_duration.clone(),
+        );
+        registry.register(
+            "workqueue_work_duration_seconds",
+            "Time from handing a key out to its done",
+            m.work_duration.clone(),
+        );
+        registry.register(
+            "workqueue_retries",
+            "Rate-limited re-adds handled by the work queue",
+            m.retries.clone(),
+        );
+        m
+    }
+
+    /// Resolves the series of one queue once, so the queue's hot paths touch
+    /// plain atomics instead of the family's label map.
+    pub fn bind(&self, name: &str) -> Arc<dyn QueueMetrics> {
+        let labels = QueueLabels {
+            name: name.to_owned(),
+        };
+        Arc::new(BoundQueue {
+            depth: self.depth.get_or_create_owned(&labels),
+            adds: self.adds.get_or_create_owned(&labels),
+            queue_duration: self.queue_duration.get_or_create_owned(&labels),
+            work_duration: self.work_duration.get_or_create_owned(&labels),
+            retries: self.retries.get_or_create_owned(&labels),
+        })
+    }
+}
+
+/// One queue's series.
+struct BoundQueue {
+    depth: Gauge,
+    adds: Counter,
+    queue_duration: Histogram,
+    work_duration: Histogram,
+    retries: Counter,
+}
+
+impl QueueMetrics for BoundQueue {
+    fn depth(&self, depth: usize) {
+        self.depth.set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+    fn added(&self) {
+        self.adds.inc();
+    }
+    fn waited(&self, queued_for: std::time::Duration) {
+        self.queue_duration.observe(queued_for.as_secs_f64());
+    }
+    fn worked(&self, took: std::time::Duration) {
+        self.work_duration.observe(took.as_secs_f64());
+    }
+    fn retried(&self) {
+        self.retries.inc();
+    }
+}
 type ExemplarHistogramFamily<L> =
     Family<L, HistogramWithExemplars<TraceLabels>, fn() -> HistogramWithExemplars<TraceLabels>>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -87,7 +189,8 @@ fn cloud_histogram() -> Histogram {
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Registry>,
-    pub queue: QueueMetrics,
+    /// Work-queue figures, one series per queue.
+    pub queue: QueueFamilies,
     pub reconciles: Family<ControllerLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     /// Exemplars carry the reconcile span's trace id (when traces are exported).
@@ -120,7 +223,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodewarden");
-        let queue = QueueMetrics::register(&mut registry);
+        let queue = QueueFamilies::register(&mut registry);
         let reconciles = Family::<ControllerLabels, Counter>::default();
         registry.register("reconciles", "Reconciles run, by controller", reconciles.clone());
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
@@ -230,6 +333,38 @@ impl Metrics {
     }
 }
 
+impl RuntimeMetrics for Metrics {
+    fn queue(&self, name: &str) -> Option<Arc<dyn QueueMetrics>> {
+        Some(self.queue.bind(name))
+    }
+
+    fn reconciled(&self, controller: &str, took: std::time::Duration, span: &tracing::Span) {
+        let labels = ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        self.reconciles.get_or_create(&labels).inc();
+        let exemplar = span
+            .in_scope(super::trace::current_trace_id)
+            .map(|trace_id| TraceLabels { trace_id });
+        self.reconcile_duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64(), exemplar, None);
+    }
+
+    fn failed(&self, controller: &str, category: Category) {
+        self.reconcile_errors
+            .get_or_create(&ErrorLabels {
+                controller: controller.to_owned(),
+                category: category.to_string(),
+            })
+            .inc();
+    }
+
+    fn leading(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,5 +392,30 @@ mod tests {
         assert!(!text.contains("nodewarden_rollout_progress_ratio{"), "{text}");
         assert!(!text.contains("nodewarden_nodes{"), "{text}");
         assert!(text.contains("nodewarden_drains_blocked 0"), "{text}");
+    }
+
+    #[test]
+    fn queues_report_one_series_each() {
+        let m = Metrics::new();
+        let nodes = m.queue.bind("nodes");
+        let other = m.queue.bind("other");
+        nodes.added();
+        nodes.added();
+        nodes.depth(1);
+        other.depth(1);
+        nodes.retried();
+        nodes.waited(std::time::Duration::from_millis(1));
+        nodes.worked(std::time::Duration::from_millis(1));
+        let text = m.encode();
+        for line in [
+            r#"nodewarden_workqueue_depth{name="nodes"} 1"#,
+            r#"nodewarden_workqueue_depth{name="other"} 1"#,
+            r#"nodewarden_workqueue_adds_total{name="nodes"} 2"#,
+            r#"nodewarden_workqueue_retries_total{name="nodes"} 1"#,
+            r#"nodewarden_workqueue_queue_duration_seconds_count{name="nodes"} 1"#,
+            r#"nodewarden_workqueue_work_duration_seconds_count{name="nodes"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
     }
 }

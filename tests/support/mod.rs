@@ -18,7 +18,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -431,8 +431,32 @@ pub use manifests::apply_manifest;
 /// server while the server itself keeps running.
 pub struct TcpProxy {
     pub port: u16,
-    link: tokio::sync::watch::Sender<Link>,
+    links: Arc<Links>,
     accept_task: tokio::task::JoinHandle<()>,
+}
+
+/// The link state for new connections, and each open connection's own.
+struct Links {
+    default: std::sync::Mutex<Link>,
+    open: std::sync::Mutex<Vec<tokio::sync::watch::Sender<Link>>>,
+}
+
+impl Links {
+    fn default_link(&self) -> Link {
+        *self.default.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets every open connection's link (and, if `also_new`, new ones').
+    fn set(&self, link: Link, also_new: bool) {
+        if also_new {
+            *self.default.lock().unwrap_or_else(|e| e.into_inner()) = link;
+        }
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|l| !l.is_closed());
+        for l in open.iter() {
+            l.send_replace(link);
+        }
+    }
 }
 
 /// The state of a `TcpProxy`'s link to its target.
@@ -449,47 +473,63 @@ impl TcpProxy {
             .await
             .expect("binding a proxy port");
         let port = listener.local_addr().expect("a bound address").port();
-        let (link, _) = tokio::sync::watch::channel(Link::Up);
-        let link_tx = link.clone();
+        let links = Arc::new(Links {
+            default: std::sync::Mutex::new(Link::Up),
+            open: std::sync::Mutex::default(),
+        });
+        let accepting = links.clone();
         let accept_task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
-                let link = link_tx.subscribe();
-                if *link.borrow() == Link::Cut {
+                let initial = accepting.default_link();
+                if initial == Link::Cut {
                     continue; // refused: dropped at once
                 }
-                tokio::spawn(forward(inbound, target.clone(), link));
+                let (link, rx) = tokio::sync::watch::channel(initial);
+                accepting
+                    .open
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(link);
+                tokio::spawn(forward(inbound, target.clone(), rx));
             }
         });
         TcpProxy {
             port,
-            link,
+            links,
             accept_task,
         }
     }
 
     /// Drops every open connection and refuses new ones until `restore`.
     pub fn cut(&self) {
-        self.link.send_replace(Link::Cut);
+        self.links.set(Link::Cut, true);
     }
 
     /// Keeps every connection open, and accepts new ones, but forwards nothing
     /// in either direction until `restore` (requests hang instead of failing).
     /// `cut` still drops them all.
     pub fn stall(&self) {
-        self.link.send_replace(Link::Stalled);
+        self.links.set(Link::Stalled, true);
+    }
+
+    /// Stalls the connections open now, for good (a half-dead TCP
+    /// connection), while new connections pass: what a client sees when a
+    /// load balancer or NAT silently drops its long-lived watch.
+    pub fn stall_open_connections(&self) {
+        self.links.set(Link::Stalled, false);
     }
 
     /// Forwards again: new connections after a cut; after a stall, the held
     /// connections resume where they stopped, nothing lost.
     pub fn restore(&self) {
-        self.link.send_replace(Link::Up);
+        self.links.set(Link::Up, true);
     }
 }
 
 impl Drop for TcpProxy {
     fn drop(&mut self) {
         self.accept_task.abort();
-        self.link.send_replace(Link::Cut);
+        self.links.set(Link::Cut, true);
     }
 }
 

@@ -73,7 +73,7 @@ pub async fn check(
             selector.clone(),
         );
         Arc::new(move || {
-            let names: BTreeSet<String> = node_store.keys().into_iter().map(|k| k.name).collect();
+            let names: BTreeSet<String> = node_store.keys().into_iter().map(|k| k.name.clone()).collect();
             let joins = pending_store
                 .list()
                 .iter()
