@@ -400,99 +400,22 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
             // The update comes back as a watch event and reconciles again.
             return Ok(Action::Done);
         }
-
-        let others: Vec<Claim> = (self.ctx.claims_of)(&node_name)
-            .into_iter()
-            .filter(|c| c.owner != owner)
-            .collect();
-        let node = self.ctx.nodes.get(&ObjectKey::cluster(&node_name));
-        let created = obj.meta().creation_timestamp.as_ref().map(|t| t.0);
-        let mut facts = Facts {
-            owner: &owner,
-            node_name: &node_name,
-            node_exists: node.is_some(),
-            others: &others,
-            created,
-            drain_timeout: obj.drain_timeout(),
-            admitted: true,
-            lease: None,
-        };
-        // Cheap checks first; the lease and a slot are taken only when they pass.
-        let mut decision = decide(&facts);
-        if decision == Decision::Drain {
-            facts.admitted = self.ctx.admit(&owner);
-            if facts.admitted {
-                facts.lease = Some(self.take_lease(&node_name).await?);
-            }
-            decision = decide(&facts);
-        }
-        let drain = match (&decision, &node) {
-            (Decision::Drain, Some(node)) => {
-                let prepared = match self.set_owner_reference(&api, obj.as_ref(), node).await {
-                    Ok(()) => self.quarantine(&node_name, &owner).await,
-                    Err(e) => Err(e),
-                };
-                match prepared {
-                    Ok(()) => {}
-                    // The Node went after our store saw it (a rollout retired
-                    // it): the watch brings its deletion, and the garbage
-                    // collector this maintenance. Not an error to retry.
-                    Err(e) if e.category() == Category::NotFound => return Ok(Action::Done),
-                    Err(e) => return Err(e),
-                }
-                let timeout = obj.drain_timeout().and_then(parse_duration);
-                let options = DrainOptions {
-                    timeout,
-                    on_timeout: obj.on_drain_timeout(),
-                    ..DrainOptions::default()
-                };
-                let queue = self.queue.clone();
-                let me = key.clone();
-                Some(self.ctx.engine.ensure(
-                    &node_name,
-                    &owner,
-                    options,
-                    Arc::new(move || queue.add(me.clone())),
-                ))
-            }
+        let decision = self.decide(obj.as_ref(), &owner, &node_name).await?;
+        let drain = match (&decision, self.ctx.nodes.get(&ObjectKey::cluster(&node_name))) {
+            (Decision::Drain, Some(node)) => match self.start_drain(&api, key, obj.as_ref(), &node).await {
+                Ok(drain) => Some(drain),
+                // The Node went after our store saw it (a rollout retired
+                // it): the watch brings its deletion, and the garbage
+                // collector this maintenance. Not an error to retry.
+                Err(e) if e.category() == Category::NotFound => return Ok(Action::Done),
+                Err(e) => return Err(e),
+            },
             _ => None,
         };
         if matches!(decision, Decision::Fail { .. }) {
             self.ctx.release(&owner);
         }
-
-        let prev = obj.maintenance_status();
-        let now = Timestamp::now();
-        let mut status = status_for(prev, &decision, drain.as_ref(), obj.meta().generation, now);
-        let phase = status.phase.unwrap_or(MaintenancePhase::Running);
-        if phase == MaintenancePhase::Failed && drain.is_some() {
-            // Timed out with policy Fail: the maintenance no longer holds a slot.
-            self.ctx.release(&owner);
-        }
-        if prev.is_none_or(|p| !same_status(p, &status)) {
-            status.last_update = Some(Time(now));
-            let patch = json!({"status": status});
-            api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            let ended = matches!(phase, MaintenancePhase::Succeeded | MaintenancePhase::Failed)
-                && prev.and_then(|p| p.phase) != Some(phase);
-            if let (true, Some(d)) = (ended, &drain) {
-                self.drain_ended(obj.as_ref(), &node_name, phase, d).await;
-            }
-            if let Some((type_, reason)) = phase_event(prev.and_then(|p| p.phase), phase) {
-                let note = match &decision {
-                    Decision::Fail { message, .. } => message.clone(),
-                    _ => status
-                        .conditions
-                        .as_ref()
-                        .and_then(|c| c.first())
-                        .map(|c| c.message.clone())
-                        .unwrap_or_default(),
-                };
-                self.event(obj.as_ref(), type_, reason, &format!("node {node_name}: {note}"))
-                    .await;
-            }
-        }
+        let phase = self.report(&api, obj.as_ref(), &decision, drain.as_ref()).await?;
         let (running, blocked) = self.ctx.engine.counts();
         self.ctx.metrics.drains_running.set(running as i64);
         self.ctx.metrics.drains_blocked.set(blocked as i64);
@@ -504,6 +427,104 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
             }
             _ => Action::Done,
         })
+    }
+}
+
+impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
+    /// Gathers the facts and decides (pure [`decide`]): cheap checks first;
+    /// a concurrency slot and the node's lease are taken only when they pass.
+    async fn decide(&self, obj: &M, owner: &str, node_name: &str) -> Result<Decision> {
+        let others: Vec<Claim> = (self.ctx.claims_of)(node_name)
+            .into_iter()
+            .filter(|c| c.owner != owner)
+            .collect();
+        let mut facts = Facts {
+            owner,
+            node_name,
+            node_exists: self.ctx.nodes.get(&ObjectKey::cluster(node_name)).is_some(),
+            others: &others,
+            created: obj.meta().creation_timestamp.as_ref().map(|t| t.0),
+            drain_timeout: obj.drain_timeout(),
+            admitted: true,
+            lease: None,
+        };
+        let decision = decide(&facts);
+        if decision != Decision::Drain {
+            return Ok(decision);
+        }
+        facts.admitted = self.ctx.admit(owner);
+        if facts.admitted {
+            facts.lease = Some(self.take_lease(node_name).await?);
+        }
+        Ok(decide(&facts))
+    }
+
+    /// Owns the node, quarantines it and makes sure its drain runs (the
+    /// drain's progress re-queues this maintenance).
+    async fn start_drain(&self, api: &Api<M>, key: &Key<M>, obj: &M, node: &Node) -> Result<DrainStatus> {
+        let node_name = obj.node_name();
+        let owner = owner_of(obj);
+        self.set_owner_reference(api, obj, node).await?;
+        self.quarantine(node_name, &owner).await?;
+        let options = DrainOptions {
+            timeout: obj.drain_timeout().and_then(parse_duration),
+            on_timeout: obj.on_drain_timeout(),
+            ..DrainOptions::default()
+        };
+        let (queue, me) = (self.queue.clone(), key.clone());
+        Ok(self.ctx.engine.ensure(
+            node_name,
+            &owner,
+            options,
+            Arc::new(move || queue.add(me.clone())),
+        ))
+    }
+
+    /// Writes the status the decision and the drain lead to (pure
+    /// [`status_for`]) when it changed, with the drain's metrics and trace
+    /// when it ended and an Event when the phase changed. Returns the phase.
+    async fn report(
+        &self,
+        api: &Api<M>,
+        obj: &M,
+        decision: &Decision,
+        drain: Option<&DrainStatus>,
+    ) -> Result<MaintenancePhase> {
+        let node_name = obj.node_name();
+        let prev = obj.maintenance_status();
+        let now = Timestamp::now();
+        let mut status = status_for(prev, decision, drain, obj.meta().generation, now);
+        let phase = status.phase.unwrap_or(MaintenancePhase::Running);
+        if phase == MaintenancePhase::Failed && drain.is_some() {
+            // Timed out with policy Fail: the maintenance no longer holds a slot.
+            self.ctx.release(&owner_of(obj));
+        }
+        if prev.is_some_and(|p| same_status(p, &status)) {
+            return Ok(phase);
+        }
+        status.last_update = Some(Time(now));
+        let patch = json!({"status": status});
+        api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let ended = matches!(phase, MaintenancePhase::Succeeded | MaintenancePhase::Failed)
+            && prev.and_then(|p| p.phase) != Some(phase);
+        if let (true, Some(d)) = (ended, drain) {
+            self.drain_ended(obj, node_name, phase, d).await;
+        }
+        if let Some((type_, reason)) = phase_event(prev.and_then(|p| p.phase), phase) {
+            let note = match decision {
+                Decision::Fail { message, .. } => message.clone(),
+                _ => status
+                    .conditions
+                    .as_ref()
+                    .and_then(|c| c.first())
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default(),
+            };
+            self.event(obj, type_, reason, &format!("node {node_name}: {note}"))
+                .await;
+        }
+        Ok(phase)
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
@@ -151,6 +151,113 @@ pub fn inheritable_labels(donor: &Node) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The groups following one NodeVersion, with their nodes and PendingNodes.
+struct Scope {
+    groups: Vec<GroupFacts>,
+    nodes: Vec<Arc<Node>>,
+    pending: Vec<Arc<PendingNode>>,
+}
+
+/// The Join PendingNodes of a scope, sorted (see `settle_joins`).
+#[derive(Default)]
+struct Joins {
+    /// Nodes that joined and wait to be paired.
+    joining: Vec<String>,
+    /// Nodes that joined for an older target, now marked surplus.
+    surplus: Vec<String>,
+    /// Creates whose node has not joined yet.
+    pending: Vec<JoinFacts>,
+}
+
+/// Does `n` run what `nv` asks for (image, and components when set)?
+fn is_current(nv: &NodeVersion, n: &Node) -> bool {
+    let components = nv.spec.kubernetes_components_reference.as_str();
+    annotation(n, IMAGE_ANNOTATION) == Some(nv.spec.image.as_str())
+        && (components.is_empty() || annotation(n, COMPONENTS_ANNOTATION) == Some(components))
+}
+
+/// Outdated, Progressing and Degraded as the counts and the plan say (pure).
+fn rollout_conditions(
+    mut conditions: Vec<Condition>,
+    facts: &Facts<'_>,
+    counts: &rollout::Counts,
+    steps: &[Step],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let outdated = counts.outdated > 0;
+    set_condition(
+        &mut conditions,
+        condition::OUTDATED,
+        outdated,
+        if outdated {
+            reason::NODE_VERSIONS_OUT_OF_DATE
+        } else {
+            reason::NODE_VERSIONS_UP_TO_DATE
+        },
+        format!("{} of {} nodes outdated", counts.outdated, counts.nodes),
+        generation,
+        now,
+    );
+    let waiting_for_group = facts.groups.iter().any(|g| !g.image_ready);
+    let progressing_reason = if !outdated {
+        reason::ROLLOUT_COMPLETE
+    } else if waiting_for_group && steps.is_empty() {
+        reason::WAITING_FOR_SCALING_GROUP
+    } else {
+        reason::REPLACING_NODES
+    };
+    set_condition(
+        &mut conditions,
+        condition::PROGRESSING,
+        outdated,
+        progressing_reason,
+        format!("{} nodes in flight", counts.surge + counts.unavailable),
+        generation,
+        now,
+    );
+    let failed_drains: Vec<&str> = facts
+        .nodes
+        .iter()
+        .filter(|n| n.drain == DrainState::Failed)
+        .map(|n| n.name.as_str())
+        .collect();
+    set_condition(
+        &mut conditions,
+        condition::DEGRADED,
+        !failed_drains.is_empty(),
+        if failed_drains.is_empty() {
+            reason::AS_EXPECTED
+        } else {
+            reason::DRAIN_TIMEOUT
+        },
+        if failed_drains.is_empty() {
+            "no problem".to_string()
+        } else {
+            format!("drains failed: {}", failed_drains.join(", "))
+        },
+        generation,
+        now,
+    );
+    conditions
+}
+
+/// The trace annotations a replacement carries from object to object.
+fn carried_trace(annotations: Option<&BTreeMap<String, String>>) -> BTreeMap<&'static str, &String> {
+    annotations
+        .map(|a| {
+            [
+                TRACEPARENT_ANNOTATION,
+                TRACE_STARTED_ANNOTATION,
+                ROLLOUT_TRACEPARENT_ANNOTATION,
+            ]
+            .into_iter()
+            .filter_map(|k| a.get(k).map(|v| (k, v)))
+            .collect()
+        })
+        .unwrap_or_default()
+}
+
 impl Reconciler for NodeVersionReconciler {
     type Object = NodeVersion;
     type Error = Error;
@@ -172,19 +279,44 @@ impl Reconciler for NodeVersionReconciler {
 }
 
 impl NodeVersionReconciler {
-    /// One pass of the rollout: gather, plan, carry out, report.
+    /// One pass of the rollout: gather (reads and the bookkeeping of joins),
+    /// plan (pure), carry out step by step, report.
     async fn roll_out(&self, nv: &Arc<NodeVersion>) -> Result<Action> {
         let nv_name = nv.name_any();
         self.annotate_unknown_nodes().await?;
+        let scope = self.scope(nv);
+        let joins = self.settle_joins(nv, &scope).await?;
+        let node_facts = self.node_facts(nv, &scope, &joins);
+        let limits = nv.spec.rollout.limits_for(node_facts.len());
+        let facts = Facts {
+            groups: &scope.groups,
+            nodes: &node_facts,
+            joins: &joins.pending,
+            max_surge: limits.max_surge,
+            max_unavailable: limits.max_unavailable,
+            control_plane_first: nv.spec.rollout.control_plane_first,
+        };
+        let steps = rollout::plan(&facts);
+        let counts = rollout::counts(&facts);
+        let rollout_trace = self.trace_rollout(nv, &counts).await?;
+        for step in &steps {
+            tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
+            self.carry_out(nv, step, &scope.nodes, rollout_trace).await?;
+        }
+        self.record_metrics(nv, &counts, !steps.is_empty());
+        self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
+        self.write_status(nv, &facts, &counts, &steps).await?;
+        Ok(Action::Done)
+    }
 
-        let groups: Vec<Arc<ScalingGroup>> = self
+    /// The groups following `nv`, and their nodes and PendingNodes (reads only).
+    fn scope(&self, nv: &NodeVersion) -> Scope {
+        let nv_name = nv.name_any();
+        let groups: Vec<GroupFacts> = self
             .groups
             .list()
-            .into_iter()
-            .filter(|g| g.spec.node_version() == nv_name)
-            .collect();
-        let group_facts: Vec<GroupFacts> = groups
             .iter()
+            .filter(|g| g.spec.node_version() == nv_name)
             .map(|g| GroupFacts {
                 id: g.spec.group_id.clone(),
                 role: if g.spec.is_control_plane() {
@@ -196,122 +328,100 @@ impl NodeVersionReconciler {
                     == Some(nv.spec.image.as_str()),
             })
             .collect();
-        let group_ids: Vec<&str> = group_facts.iter().map(|g| g.id.as_str()).collect();
-        let nodes: Vec<Arc<Node>> = self
+        let in_scope = |group: &str| groups.iter().any(|g| g.id == group);
+        let nodes = self
             .nodes
             .list()
             .into_iter()
-            .filter(|n| annotation(n, GROUP_ANNOTATION).is_some_and(|g| group_ids.contains(&g)))
+            .filter(|n| annotation(n, GROUP_ANNOTATION).is_some_and(in_scope))
             .collect();
-        let pending: Vec<Arc<PendingNode>> = self
+        let pending = self
             .pending
             .list()
             .into_iter()
-            .filter(|p| group_ids.contains(&p.spec.group_id.as_str()))
+            .filter(|p| in_scope(&p.spec.group_id))
             .collect();
-        let node_names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
-        let components = nv.spec.kubernetes_components_reference.as_str();
-        let current = |n: &Node| {
-            annotation(n, IMAGE_ANNOTATION) == Some(nv.spec.image.as_str())
-                && (components.is_empty() || annotation(n, COMPONENTS_ANNOTATION) == Some(components))
-        };
-        // A node that joined for an older target (the image changed before it
-        // was paired) replaces nobody: it is surplus, to drain and remove.
+        Scope {
+            groups,
+            nodes,
+            pending,
+        }
+    }
+
+    /// Sorts the Join PendingNodes: nodes still joining, nodes that joined
+    /// for an older target (surplus: marked for removal), creates not joined
+    /// yet. A PendingNode whose node is paired already (a leader died between
+    /// pairing and deleting it) or marked surplus is deleted: counting it as
+    /// joining would pair that heir with a second donor.
+    async fn settle_joins(&self, nv: &NodeVersion, scope: &Scope) -> Result<Joins> {
         let pending_api: Api<PendingNode> = Api::all(self.client.clone());
-        let mut joining_nodes: Vec<&str> = Vec::new();
-        let mut surplus: Vec<String> = Vec::new();
-        for p in pending
+        let mut joins = Joins::default();
+        for p in scope
+            .pending
             .iter()
             .filter(|p| p.spec.goal == Some(PendingNodeGoal::Join))
         {
-            match nodes.iter().find(|n| n.name_any() == p.spec.node_name) {
-                // Paired already (a leader died between pairing and deleting
-                // the PendingNode): finish that. Counting it as joining would
-                // make the heir a fresh mint again once its donor is gone, and
-                // pair it with a second donor.
-                // Likewise a node marked surplus whose PendingNode survived.
+            match scope.nodes.iter().find(|n| n.name_any() == p.spec.node_name) {
                 Some(n)
                     if annotation(n, DONOR_ANNOTATION).is_some()
                         || annotation(n, OBSOLETE_ANNOTATION).is_some() =>
                 {
                     delete_if_present(&pending_api, &p.name_any(), &DeleteParams::default()).await?;
                 }
-                Some(n) if annotation(n, IMAGE_ANNOTATION).is_some() && !current(n) => {
+                Some(n) if annotation(n, IMAGE_ANNOTATION).is_some() && !is_current(nv, n) => {
                     self.mark_surplus(&n.name_any(), "it joined on an image the rollout no longer wants")
                         .await?;
-                    surplus.push(n.name_any());
+                    joins.surplus.push(n.name_any());
                 }
-                _ => joining_nodes.push(p.spec.node_name.as_str()),
+                Some(_) => joins.joining.push(p.spec.node_name.clone()),
+                None => joins.pending.push(JoinFacts {
+                    pending: p.name_any(),
+                    group: p.spec.group_id.clone(),
+                }),
             }
         }
-        let node_facts: Vec<NodeFacts> = nodes
+        Ok(joins)
+    }
+
+    /// What the planner needs to know of each node (reads only).
+    fn node_facts(&self, nv: &NodeVersion, scope: &Scope, joins: &Joins) -> Vec<NodeFacts> {
+        let exists = |name: &str| scope.nodes.iter().any(|n| n.name_any() == name);
+        scope
+            .nodes
             .iter()
             .map(|n| {
                 let name = n.name_any();
-                let drain = match self
-                    .maintenances
-                    .get(&ObjectKey::cluster(&drain_name(&name)))
-                    .and_then(|m| m.status.as_ref().and_then(|s| s.phase))
-                {
-                    None if self
-                        .maintenances
-                        .get(&ObjectKey::cluster(&drain_name(&name)))
-                        .is_some() =>
-                    {
-                        DrainState::Running
-                    }
-                    None => DrainState::None,
-                    Some(MaintenancePhase::Running) => DrainState::Running,
-                    Some(MaintenancePhase::Succeeded) => DrainState::Succeeded,
-                    Some(MaintenancePhase::Failed) => DrainState::Failed,
-                };
                 NodeFacts {
                     group: annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string(),
-                    up_to_date: current(n),
+                    up_to_date: is_current(nv, n),
                     ready: node_is_ready(n),
                     // A pairing ends when its donor is gone: the heir is then
                     // an ordinary node (and may itself be replaced later).
                     heir_of: annotation(n, DONOR_ANNOTATION)
-                        .filter(|d| node_names.iter().any(|n| n == d))
+                        .filter(|d| exists(d))
                         .map(str::to_string),
                     donor_to: annotation(n, HEIR_ANNOTATION)
-                        .filter(|h| node_names.iter().any(|n| n == h))
+                        .filter(|h| exists(h))
                         .map(str::to_string),
-                    drain,
-                    joining: joining_nodes.contains(&name.as_str()),
-                    obsolete: annotation(n, OBSOLETE_ANNOTATION).is_some() || surplus.contains(&name),
+                    drain: self.drain_state(&name),
+                    joining: joins.joining.contains(&name),
+                    obsolete: annotation(n, OBSOLETE_ANNOTATION).is_some() || joins.surplus.contains(&name),
                     name,
                 }
             })
-            .collect();
-        let joins: Vec<JoinFacts> = pending
-            .iter()
-            .filter(|p| p.spec.goal == Some(PendingNodeGoal::Join) && !node_names.contains(&p.spec.node_name))
-            .map(|p| JoinFacts {
-                pending: p.name_any(),
-                group: p.spec.group_id.clone(),
-            })
-            .collect();
-        let limits = nv.spec.rollout.limits_for(node_facts.len());
-        let facts = Facts {
-            groups: &group_facts,
-            nodes: &node_facts,
-            joins: &joins,
-            max_surge: limits.max_surge,
-            max_unavailable: limits.max_unavailable,
-            control_plane_first: nv.spec.rollout.control_plane_first,
-        };
-        let steps = rollout::plan(&facts);
-        let counts = rollout::counts(&facts);
-        let rollout_trace = self.trace_rollout(nv, &counts).await?;
-        for step in &steps {
-            tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
-            self.carry_out(nv, step, &nodes, rollout_trace).await?;
+            .collect()
+    }
+
+    /// Where the rollout's drain of `node` stands.
+    fn drain_state(&self, node: &str) -> DrainState {
+        match self.maintenances.get(&ObjectKey::cluster(&drain_name(node))) {
+            None => DrainState::None,
+            Some(m) => match m.status.as_ref().and_then(|s| s.phase) {
+                None | Some(MaintenancePhase::Running) => DrainState::Running,
+                Some(MaintenancePhase::Succeeded) => DrainState::Succeeded,
+                Some(MaintenancePhase::Failed) => DrainState::Failed,
+            },
         }
-        self.record_metrics(nv, &counts, !steps.is_empty());
-        self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
-        self.write_status(nv, &facts, &counts, &steps).await?;
-        Ok(Action::Done)
     }
 
     /// Degraded=True, reason CloudError, with the cloud's message (cleared by
@@ -370,6 +480,7 @@ impl NodeVersionReconciler {
         Ok(())
     }
 
+    /// Carries out one planned step: one small function per kind of step.
     async fn carry_out(
         &self,
         nv: &NodeVersion,
@@ -377,150 +488,21 @@ impl NodeVersionReconciler {
         nodes: &[Arc<Node>],
         rollout_trace: Option<TraceParent>,
     ) -> Result<()> {
-        let node_api: Api<Node> = Api::all(self.client.clone());
         let find = |name: &str| nodes.iter().find(|n| n.name_any() == name).cloned();
         match step {
-            Step::Pair { donor, heir } => {
-                let Some(donor_node) = find(donor) else {
-                    return Ok(());
-                };
-                let joined = self
-                    .pending
-                    .list()
-                    .into_iter()
-                    .find(|p| p.spec.node_name == *heir);
-                let replacement = joined
-                    .as_ref()
-                    .and_then(|p| trace::from_annotations(p.metadata.annotations.as_ref()));
-                let heir_node = find(heir);
-                if let (Some((tp, _)), Some(p), Some(h)) = (replacement, &joined, &heir_node) {
-                    trace_join(&tp, p, h);
-                    // Sent before the pairing is recorded: a successor does
-                    // not emit these phases again.
-                    trace::flush(TRACE_FLUSH_TIMEOUT).await;
-                }
-                let transfer_started = SystemTime::now();
-                let labels = inheritable_labels(&donor_node);
-                // The replacement's trace moves from the PendingNode to both nodes.
-                // (From the heir itself when finishing a half-written pairing
-                // whose PendingNode is gone.)
-                let carried: BTreeMap<&str, &String> = joined
-                    .as_ref()
-                    .and_then(|p| p.metadata.annotations.as_ref())
-                    .or(heir_node.as_ref().and_then(|h| h.metadata.annotations.as_ref()))
-                    .map(|a| {
-                        [
-                            TRACEPARENT_ANNOTATION,
-                            TRACE_STARTED_ANNOTATION,
-                            ROLLOUT_TRACEPARENT_ANNOTATION,
-                        ]
-                        .into_iter()
-                        .filter_map(|k| a.get(k).map(|v| (k, v)))
-                        .collect()
-                    })
-                    .unwrap_or_default();
-                let mut heir_annotations = json!(carried);
-                heir_annotations[DONOR_ANNOTATION] = json!(donor);
-                let heir_patch = json!({"metadata": {"labels": labels, "annotations": heir_annotations}});
-                node_api
-                    .patch(heir, &PatchParams::default(), &Patch::Merge(&heir_patch))
-                    .await?;
-                let mut donor_annotations = json!(carried);
-                donor_annotations[HEIR_ANNOTATION] = json!(heir);
-                let donor_patch = json!({"metadata": {"annotations": donor_annotations}});
-                node_api
-                    .patch(donor, &PatchParams::default(), &Patch::Merge(&donor_patch))
-                    .await?;
-                if let Some((tp, _)) = replacement {
-                    trace::emit_phase(
-                        &tp,
-                        SpanRecord::new("transfer labels", transfer_started, SystemTime::now())
-                            .attr("k8s.node.name", heir.clone())
-                            .attr("nodewarden.donor", donor.clone())
-                            .attr("nodewarden.labels", labels.len() as i64),
-                    );
-                    trace::flush(TRACE_FLUSH_TIMEOUT).await;
-                }
-                // The heir joined: its PendingNode has done its job.
-                let pending: Api<PendingNode> = Api::all(self.client.clone());
-                for p in self.pending.list().iter().filter(|p| p.spec.node_name == *heir) {
-                    delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
-                }
-            }
+            Step::Pair { donor, heir } => match find(donor) {
+                Some(donor_node) => self.pair(&donor_node, heir, find(heir)).await,
+                None => Ok(()),
+            },
             Step::MarkObsolete { node } => {
                 self.mark_surplus(node, "no outdated node of its group is left to replace")
-                    .await?;
+                    .await
             }
-            Step::Drain { node } => {
-                let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.client.clone());
-                let mut spec = json!({"nodeName": node, "reason": format!("replaced by nodewarden (NodeVersion {})", nv.name_any())});
-                if let Some(timeout) = &nv.spec.rollout.drain_timeout {
-                    spec["drainTimeout"] = json!(timeout);
-                }
-                let nm: medik8s::NodeMaintenance = serde_json::from_value(json!({
-                    "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
-                    "kind": "NodeMaintenance",
-                    // The NodeVersion's labels: an operator scoped by an object
-                    // selector sees the maintenances its rollouts create.
-                    "metadata": {
-                        "name": drain_name(node),
-                        "labels": nv.labels(),
-                        "annotations": drain_annotations(find(node).as_deref()),
-                    },
-                    "spec": spec,
-                }))?;
-                if self
-                    .maintenances
-                    .get(&ObjectKey::cluster(&drain_name(node)))
-                    .is_none()
-                {
-                    match maintenances.create(&PostParams::default(), &nm).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 409 => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-            }
-            Step::Retire { node } => {
-                let Some(n) = find(node) else { return Ok(()) };
-                let provider_id = n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.provider_id.clone())
-                    .unwrap_or_default();
-                let group = annotation(&n, GROUP_ANNOTATION).unwrap_or_default().to_string();
-                let replacement = trace::from_annotations(n.metadata.annotations.as_ref());
-                // Track the leaving instance first, so it is deleted even if we die now.
-                self.track_leave(node, &provider_id, &group).await?;
-                self.leader.ensure_leader()?;
-                let deleting_instance = SystemTime::now();
-                let known = match self.cloud.delete_node(&provider_id).await {
-                    Ok(()) => true,
-                    Err(e) if e.is_not_found() => false,
-                    Err(e) => return Err(e.into()),
-                };
-                let deleting_node = SystemTime::now();
-                if let Some((tp, _)) = replacement {
-                    trace::emit_phase(
-                        &tp,
-                        SpanRecord::new("delete instance", deleting_instance, deleting_node)
-                            .attr("nodewarden.provider_id", provider_id.clone())
-                            .attr("nodewarden.instance_known", known),
-                    );
-                }
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: n.metadata.uid.clone(),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                // A stale store can show a retired node once more: only the
-                // call that deleted it finishes the replacement.
-                if delete_if_present(&node_api, node, &params).await? {
-                    self.finish_replacement(nv, &n, &group, deleting_node).await;
-                }
-            }
+            Step::Drain { node } => self.drain(nv, node, find(node).as_deref()).await,
+            Step::Retire { node } => match find(node) {
+                Some(n) => self.retire(nv, &n).await,
+                None => Ok(()),
+            },
             Step::Create { group, count } => {
                 let deadline = Timestamp::now()
                     .checked_add(
@@ -531,7 +513,141 @@ impl NodeVersionReconciler {
                 for _ in 0..*count {
                     self.create_instance(nv, group, deadline, rollout_trace).await?;
                 }
+                Ok(())
             }
+        }
+    }
+
+    /// Pairs a joined heir with its donor: the heir inherits the donor's
+    /// labels, both carry the replacement's trace and name each other, and
+    /// the heir's PendingNode goes.
+    async fn pair(&self, donor_node: &Node, heir: &str, heir_node: Option<Arc<Node>>) -> Result<()> {
+        let node_api: Api<Node> = Api::all(self.client.clone());
+        let donor = donor_node.name_any();
+        let joined = self.pending.list().into_iter().find(|p| p.spec.node_name == heir);
+        let replacement = joined
+            .as_ref()
+            .and_then(|p| trace::from_annotations(p.metadata.annotations.as_ref()));
+        if let (Some((tp, _)), Some(p), Some(h)) = (replacement, &joined, &heir_node) {
+            trace_join(&tp, p, h);
+            // Sent before the pairing is recorded: a successor does
+            // not emit these phases again.
+            trace::flush(TRACE_FLUSH_TIMEOUT).await;
+        }
+        let transfer_started = SystemTime::now();
+        let labels = inheritable_labels(donor_node);
+        // The replacement's trace moves from the PendingNode to both nodes.
+        // (From the heir itself when finishing a half-written pairing
+        // whose PendingNode is gone.)
+        let carried = carried_trace(
+            joined
+                .as_ref()
+                .and_then(|p| p.metadata.annotations.as_ref())
+                .or(heir_node.as_ref().and_then(|h| h.metadata.annotations.as_ref())),
+        );
+        let mut heir_annotations = json!(carried);
+        heir_annotations[DONOR_ANNOTATION] = json!(donor);
+        let heir_patch = json!({"metadata": {"labels": labels, "annotations": heir_annotations}});
+        node_api
+            .patch(heir, &PatchParams::default(), &Patch::Merge(&heir_patch))
+            .await?;
+        let mut donor_annotations = json!(carried);
+        donor_annotations[HEIR_ANNOTATION] = json!(heir);
+        let donor_patch = json!({"metadata": {"annotations": donor_annotations}});
+        node_api
+            .patch(&donor, &PatchParams::default(), &Patch::Merge(&donor_patch))
+            .await?;
+        if let Some((tp, _)) = replacement {
+            trace::emit_phase(
+                &tp,
+                SpanRecord::new("transfer labels", transfer_started, SystemTime::now())
+                    .attr("k8s.node.name", heir.to_owned())
+                    .attr("nodewarden.donor", donor.clone())
+                    .attr("nodewarden.labels", labels.len() as i64),
+            );
+            trace::flush(TRACE_FLUSH_TIMEOUT).await;
+        }
+        // The heir joined: its PendingNode has done its job.
+        let pending: Api<PendingNode> = Api::all(self.client.clone());
+        for p in self.pending.list().iter().filter(|p| p.spec.node_name == heir) {
+            delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
+        }
+        Ok(())
+    }
+
+    /// Drains `node` through a NodeMaintenance of its own (created once).
+    async fn drain(&self, nv: &NodeVersion, node: &str, found: Option<&Node>) -> Result<()> {
+        if self
+            .maintenances
+            .get(&ObjectKey::cluster(&drain_name(node)))
+            .is_some()
+        {
+            return Ok(());
+        }
+        let mut spec = json!({"nodeName": node, "reason": format!("replaced by nodewarden (NodeVersion {})", nv.name_any())});
+        if let Some(timeout) = &nv.spec.rollout.drain_timeout {
+            spec["drainTimeout"] = json!(timeout);
+        }
+        let nm: medik8s::NodeMaintenance = serde_json::from_value(json!({
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            // The NodeVersion's labels: an operator scoped by an object
+            // selector sees the maintenances its rollouts create.
+            "metadata": {
+                "name": drain_name(node),
+                "labels": nv.labels(),
+                "annotations": drain_annotations(found),
+            },
+            "spec": spec,
+        }))?;
+        let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.client.clone());
+        match maintenances.create(&PostParams::default(), &nm).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes a drained node's instance, then the node (the leaving
+    /// instance is tracked first, so it is deleted even if we die now).
+    async fn retire(&self, nv: &NodeVersion, n: &Node) -> Result<()> {
+        let node = n.name_any();
+        let provider_id = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default();
+        let group = annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string();
+        let replacement = trace::from_annotations(n.metadata.annotations.as_ref());
+        self.track_leave(&node, &provider_id, &group).await?;
+        self.leader.ensure_leader()?;
+        let deleting_instance = SystemTime::now();
+        let known = match self.cloud.delete_node(&provider_id).await {
+            Ok(()) => true,
+            Err(e) if e.is_not_found() => false,
+            Err(e) => return Err(e.into()),
+        };
+        let deleting_node = SystemTime::now();
+        if let Some((tp, _)) = replacement {
+            trace::emit_phase(
+                &tp,
+                SpanRecord::new("delete instance", deleting_instance, deleting_node)
+                    .attr("nodewarden.provider_id", provider_id.clone())
+                    .attr("nodewarden.instance_known", known),
+            );
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: n.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        // A stale store can show a retired node once more: only the
+        // call that deleted it finishes the replacement.
+        let node_api: Api<Node> = Api::all(self.client.clone());
+        if delete_if_present(&node_api, &node, &params).await? {
+            self.finish_replacement(nv, n, &group, deleting_node).await;
         }
         Ok(())
     }
@@ -892,64 +1008,14 @@ impl NodeVersionReconciler {
             outdated: counts.outdated as u32,
             replacing: (counts.surge + counts.unavailable) as u32,
         });
-        let now = Timestamp::now();
-        let generation = nv.metadata.generation;
-        let mut conditions = std::mem::take(&mut status.conditions);
-        let outdated = counts.outdated > 0;
-        set_condition(
-            &mut conditions,
-            condition::OUTDATED,
-            outdated,
-            if outdated {
-                reason::NODE_VERSIONS_OUT_OF_DATE
-            } else {
-                reason::NODE_VERSIONS_UP_TO_DATE
-            },
-            format!("{} of {} nodes outdated", counts.outdated, counts.nodes),
-            generation,
-            now,
+        status.conditions = rollout_conditions(
+            std::mem::take(&mut status.conditions),
+            facts,
+            counts,
+            steps,
+            nv.metadata.generation,
+            Timestamp::now(),
         );
-        let waiting_for_group = facts.groups.iter().any(|g| !g.image_ready);
-        let progressing_reason = if !outdated {
-            reason::ROLLOUT_COMPLETE
-        } else if waiting_for_group && steps.is_empty() {
-            reason::WAITING_FOR_SCALING_GROUP
-        } else {
-            reason::REPLACING_NODES
-        };
-        set_condition(
-            &mut conditions,
-            condition::PROGRESSING,
-            outdated,
-            progressing_reason,
-            format!("{} nodes in flight", counts.surge + counts.unavailable),
-            generation,
-            now,
-        );
-        let failed_drains: Vec<&str> = facts
-            .nodes
-            .iter()
-            .filter(|n| n.drain == DrainState::Failed)
-            .map(|n| n.name.as_str())
-            .collect();
-        set_condition(
-            &mut conditions,
-            condition::DEGRADED,
-            !failed_drains.is_empty(),
-            if failed_drains.is_empty() {
-                reason::AS_EXPECTED
-            } else {
-                reason::DRAIN_TIMEOUT
-            },
-            if failed_drains.is_empty() {
-                "no problem".to_string()
-            } else {
-                format!("drains failed: {}", failed_drains.join(", "))
-            },
-            generation,
-            now,
-        );
-        status.conditions = conditions;
         if Some(&status) == nv.status.as_ref() {
             return Ok(());
         }

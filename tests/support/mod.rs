@@ -261,6 +261,12 @@ impl TestEnv {
 
     /// Creates one kwok Node named `name` (see `create_kwok_nodes`).
     pub async fn create_kwok_node(&self, name: &str, labels: &[(&str, &str)]) {
+        self.create_kwok_node_with(name, labels, &format!("kwok://{name}"))
+            .await
+    }
+
+    /// A kwok node with the given provider ID (e.g. a sim-cloud instance's).
+    pub async fn create_kwok_node_with(&self, name: &str, labels: &[(&str, &str)], provider_id: &str) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         {
             let mut all_labels: BTreeMap<String, String> = labels
@@ -278,7 +284,7 @@ impl TestEnv {
                     "labels": all_labels,
                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
                 },
-                "spec": {"providerID": format!("kwok://{name}")},
+                "spec": {"providerID": provider_id},
                 "status": {
                     "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
                     "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
