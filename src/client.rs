@@ -10,15 +10,21 @@ use std::path::Path;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
+/// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The kubeconfig file given could not be read or used.
     #[error("reading kubeconfig {path}: {source}")]
     Kubeconfig {
+        /// The file given.
         path: String,
+        /// What was wrong with it.
         source: kube::config::KubeconfigError,
     },
+    /// No configuration found in the environment (in-cluster, $KUBECONFIG, ~/.kube/config).
     #[error("loading Kubernetes client configuration: {0}")]
     Config(#[from] kube::config::InferConfigError),
+    /// The configuration was found but the client could not be built from it.
     #[error("building the Kubernetes client: {0}")]
     Build(#[from] kube::Error),
 }

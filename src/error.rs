@@ -1,6 +1,8 @@
-//! Library errors. Each error has a category: a short, stable word that becomes
-//! the reason of the Kubernetes Event a failed reconcile emits on its object
-//! and the label of the `reconcile_errors_total` metric.
+//! Library errors. Each error has a category: a short, stable word. Every
+//! controller reports a failed reconcile as a Warning Event on its object with
+//! the category as reason (`App::report_failures`; a 409 conflict is routine
+//! and emits none), and counts it in `nodewarden_reconcile_errors_total` under
+//! the category label.
 
 use std::time::Duration;
 
@@ -9,24 +11,44 @@ pub use crate::runtime::error::{Categorized, Category, Retry};
 /// Errors of the nodewarden library.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A Kubernetes API call failed (the API server's answer, or no answer).
     #[error("kubernetes API: {}", kube_message(.0))]
     Kube(#[from] kube::Error),
+    /// An object the reconcile needs is not there.
     #[error("{kind} {name} not found")]
-    NotFound { kind: &'static str, name: String },
+    NotFound {
+        /// The object's kind, e.g. "Node".
+        kind: &'static str,
+        /// The object's name.
+        name: String,
+    },
+    /// An object nodewarden cannot act on as it is; not retried until it changes.
     #[error("invalid {kind} {name}: {reason}")]
     InvalidObject {
+        /// The object's kind.
         kind: &'static str,
+        /// The object's name.
         name: String,
+        /// What is wrong with it, naming the field.
         reason: String,
     },
+    /// A cloud provider call failed.
     #[error("cloud: {0}")]
     Cloud(#[from] crate::cloud::CloudError),
+    /// An object did not serialize or deserialize.
     #[error("serialization: {0}")]
     Serialization(#[from] serde_json::Error),
+    /// This replica lost (or never held) the leader lease, so it must not act.
     #[error("this replica is not the leader")]
     NotLeader,
+    /// Something the reconcile waited for did not finish in time.
     #[error("{what} did not finish within {after:?}")]
-    Timeout { what: String, after: Duration },
+    Timeout {
+        /// What did not finish.
+        what: String,
+        /// How long it was given.
+        after: Duration,
+    },
 }
 
 impl From<crate::runtime::leader::NotLeader> for Error {
@@ -45,6 +67,8 @@ fn kube_message(e: &kube::Error) -> String {
 }
 
 impl Error {
+    /// The error's category (a 409 is a Conflict and a 404 NotFound, whichever
+    /// variant carries it).
     pub fn category(&self) -> Category {
         match self {
             Error::Kube(kube::Error::Api(status)) if status.code == 409 => Category::Conflict,
@@ -82,6 +106,7 @@ impl Categorized for Error {
     }
 }
 
+/// A Result whose error is, by default, the library's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]

@@ -81,17 +81,25 @@ pub mod kubevirt {
     );
 }
 
+/// Where a maintenance stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum MaintenancePhase {
+    /// Under way: draining, or waiting for its turn (another tool holds the
+    /// node's lease, or too many nodes are in maintenance).
     Running,
+    /// The node is cordoned and drained.
     Succeeded,
+    /// Impossible as asked, or the drain did not finish within drainTimeout
+    /// (policy Fail).
     Failed,
 }
 
 /// A pod by namespace and name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
 pub struct PodReference {
+    /// The pod's namespace.
     pub namespace: String,
+    /// The pod's name.
     pub name: String,
 }
 
@@ -104,6 +112,7 @@ pub struct DrainBlocker {
     pub pdb: String,
 }
 
+/// What the maintenance controller last did and saw.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeMaintenanceStatus {
@@ -113,6 +122,7 @@ pub struct NodeMaintenanceStatus {
     /// Percent of the pods to evict that are gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_progress: Option<i32>,
+    /// When the controller last wrote this status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_update: Option<Time>,
     /// The latest error, if any (names the field and the reason for bad input).
@@ -142,6 +152,7 @@ pub struct NodeMaintenanceStatus {
     /// Pods whose eviction a PodDisruptionBudget refuses, and which budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<Vec<DrainBlocker>>,
+    /// The maintenance's conditions, with observedGeneration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
 }
@@ -159,10 +170,15 @@ pub trait MaintenanceObject:
 {
     /// Which group this type is, for logs and Events.
     const GROUP: &'static str;
+    /// `spec.nodeName`: the node to put into maintenance.
     fn node_name(&self) -> &str;
+    /// `spec.reason`, if given.
     fn reason(&self) -> Option<&str>;
+    /// `spec.drainTimeout` as written (a Go duration, not parsed yet).
     fn drain_timeout(&self) -> Option<&str>;
+    /// `spec.onDrainTimeout`, Fail when unset.
     fn on_drain_timeout(&self) -> DrainTimeoutPolicy;
+    /// The status, if the controller has written one.
     fn maintenance_status(&self) -> Option<&NodeMaintenanceStatus>;
 }
 

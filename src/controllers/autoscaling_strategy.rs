@@ -47,6 +47,7 @@ pub enum Step {
 /// What a reconcile does: its writes and what it asks for next.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
+    /// The writes, in order.
     pub steps: Vec<Step>,
     /// The Deployment is missing: look again later.
     pub requeue: Option<Duration>,

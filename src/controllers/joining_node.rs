@@ -33,7 +33,10 @@ pub const NODE_INDEX: &str = "node";
 pub enum Decision {
     /// The node is there: annotate it (unless it already says so), then
     /// delete the JoiningNode.
-    Complete { annotate: bool },
+    Complete {
+        /// Whether the Node's components annotation must be set first.
+        annotate: bool,
+    },
     /// The node did not appear by the deadline: delete the JoiningNode.
     Expire,
     /// Wait for the node; look again after this long (at the deadline).

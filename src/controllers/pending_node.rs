@@ -59,6 +59,10 @@ pub enum PendingStep {
     Forget,
 }
 
+/// The step for a PendingNode with `goal`: whether it has a provider ID yet,
+/// whether its create may still be under way, the instance's state at the
+/// cloud (None: the cloud has no record), whether its Node is Ready and
+/// whether the join deadline has passed.
 pub fn decide(
     goal: PendingNodeGoal,
     has_provider_id: bool,
@@ -123,10 +127,15 @@ pub fn register(manager: &mut Manager, app: &App) {
 
 /// Reconciles PendingNodes (key: the PendingNode's name).
 pub struct PendingNodeReconciler {
+    /// The API client.
     pub client: Client,
+    /// The cloud the instances live in.
     pub cloud: Arc<dyn CloudProvider>,
+    /// Checked before every cloud create or delete.
     pub leader: LeaderHandle,
+    /// The PendingNodes.
     pub pending: Store<PendingNode>,
+    /// The Nodes, to see whether an instance joined and is Ready.
     pub nodes: Store<Node>,
 }
 

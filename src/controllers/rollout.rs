@@ -22,16 +22,21 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+/// A scaling group's role; control-plane groups sort (and go) first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
+    /// Control-plane nodes.
     ControlPlane,
+    /// Worker nodes.
     Worker,
 }
 
 /// A scaling group of this rollout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupFacts {
+    /// The group's id at the cloud (`spec.groupId`).
     pub id: String,
+    /// Control plane or workers.
     pub role: Role,
     /// The cloud creates new instances with the target image already.
     pub image_ready: bool,
@@ -40,9 +45,13 @@ pub struct GroupFacts {
 /// A Node of this rollout's groups.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct NodeFacts {
+    /// The node's name.
     pub name: String,
+    /// The id of the node's scaling group.
     pub group: String,
+    /// On the rollout's target version (image and Kubernetes components).
     pub up_to_date: bool,
+    /// The node's Ready condition is True.
     pub ready: bool,
     /// The node this one replaces (heir annotation).
     pub heir_of: Option<String>,
@@ -56,28 +65,43 @@ pub struct NodeFacts {
     pub obsolete: bool,
 }
 
+/// Where the rollout's drain of a node stands (its NodeMaintenance's phase).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DrainState {
+    /// No drain requested (no NodeMaintenance).
     #[default]
     None,
+    /// Requested and not finished.
     Running,
+    /// Drained: the node may be retired.
     Succeeded,
+    /// The drain failed; the node is left alone (Degraded says so).
     Failed,
 }
 
 /// An instance created but not yet a Node (goal Join).
 #[derive(Clone, Debug, PartialEq)]
 pub struct JoinFacts {
+    /// The PendingNode's name.
     pub pending: String,
+    /// The id of the scaling group the instance was created in.
     pub group: String,
 }
 
+/// Everything [`plan`] and [`counts`] look at, gathered by the reconciler.
 pub struct Facts<'a> {
+    /// The rollout's scaling groups.
     pub groups: &'a [GroupFacts],
+    /// The Nodes of those groups.
     pub nodes: &'a [NodeFacts],
+    /// Instances created that are not Nodes yet.
     pub joins: &'a [JoinFacts],
+    /// Extra nodes allowed in flight (resolved from `spec.rollout.maxSurge`).
     pub max_surge: usize,
+    /// Outdated nodes allowed to drain before their heir is Ready (resolved
+    /// from `spec.rollout.maxUnavailable`).
     pub max_unavailable: usize,
+    /// No worker instance is created while a control-plane node is outdated.
     pub control_plane_first: bool,
 }
 
@@ -85,23 +109,45 @@ pub struct Facts<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Step {
     /// Annotate both and copy the donor's labels to the heir.
-    Pair { donor: String, heir: String },
+    Pair {
+        /// The outdated node being replaced.
+        donor: String,
+        /// The new node replacing it.
+        heir: String,
+    },
     /// Request the drain of a node (NodeMaintenance).
-    Drain { node: String },
+    Drain {
+        /// The node to drain.
+        node: String,
+    },
     /// Delete the Node and its instance (the drain succeeded, the heir is Ready).
-    Retire { node: String },
+    Retire {
+        /// The node to delete.
+        node: String,
+    },
     /// Create instances in a group.
-    Create { group: String, count: usize },
+    Create {
+        /// The scaling group's id.
+        group: String,
+        /// How many instances.
+        count: usize,
+    },
     /// A Ready new node no outdated node needs any more (the target moved
     /// on, or its partner went away): mark it surplus, to drain and remove.
-    MarkObsolete { node: String },
+    MarkObsolete {
+        /// The surplus node.
+        node: String,
+    },
 }
 
 /// A summary for status and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// Nodes of the rollout's groups.
     pub nodes: usize,
+    /// Of those, nodes on the target version.
     pub up_to_date: usize,
+    /// Of those, nodes not on it.
     pub outdated: usize,
     /// Extra nodes in flight (joining, mints, heirs with donors).
     pub surge: usize,
@@ -109,6 +155,7 @@ pub struct Counts {
     pub unavailable: usize,
 }
 
+/// The node counts and the budgets in use, as [`plan`] sees them.
 pub fn counts(f: &Facts) -> Counts {
     let by_name: BTreeMap<&str, &NodeFacts> = f.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     let heir_ready = |n: &NodeFacts| {
@@ -142,6 +189,9 @@ pub fn counts(f: &Facts) -> Counts {
     }
 }
 
+/// The steps to take now, within the budgets: drain and retire donors whose
+/// heir is Ready (and surplus nodes), pair Ready mints, drain early within
+/// maxUnavailable, create instances within maxSurge.
 pub fn plan(f: &Facts) -> Vec<Step> {
     let mut steps = Vec::new();
     let by_name: BTreeMap<&str, &NodeFacts> = f.nodes.iter().map(|n| (n.name.as_str(), n)).collect();

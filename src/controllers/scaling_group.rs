@@ -53,14 +53,26 @@ pub const PENDING_REQUEUE: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, PartialEq)]
 pub enum Observation<'a> {
     /// The NodeVersion `name` does not exist.
-    NodeVersionMissing { name: &'a str },
+    NodeVersionMissing {
+        /// The name in `spec.nodeImage`.
+        name: &'a str,
+    },
     /// The group boots `current`; it should boot `desired`.
-    Image { current: &'a str, desired: &'a str },
+    Image {
+        /// The image the cloud group boots now.
+        current: &'a str,
+        /// The NodeVersion's image.
+        desired: &'a str,
+    },
     /// Something that retrying will not fix; `current` when it is known.
     Failed {
+        /// The condition's reason, e.g. [`REASON_CLOUD_ERROR`].
         reason: &'static str,
+        /// What went wrong, for the condition's message.
         message: String,
+        /// The image the cloud group boots, if it could be read.
         current: Option<&'a str>,
+        /// The NodeVersion's image.
         desired: &'a str,
     },
 }
@@ -79,6 +91,7 @@ pub enum CloudFailure {
     Report(String),
 }
 
+/// Retry what may pass (see [`CloudError::retryable`]); report the rest.
 pub fn classify(err: &CloudError) -> CloudFailure {
     if err.retryable() {
         CloudFailure::Retry
@@ -184,7 +197,9 @@ pub fn status_for(
 /// A ScalingGroup discovery would create.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewScalingGroup {
+    /// The object's name, derived from the group ID (see [`object_name`]).
     pub name: String,
+    /// Its spec: the cloud group, its role and the NodeVersion it follows.
     pub spec: ScalingGroupSpec,
 }
 
@@ -360,6 +375,7 @@ pub struct ScalingGroupReconciler {
 }
 
 impl ScalingGroupReconciler {
+    /// A reconciler that reads NodeVersions from `node_versions`.
     pub fn new(
         client: Client,
         leader: LeaderHandle,

@@ -37,9 +37,12 @@ const EVICTION_CONCURRENCY: usize = 16;
 /// event can only delay it this long).
 const IDLE_RECHECK: Duration = Duration::from_secs(30);
 
+/// How a drain runs: its timeout and what happens when it passes.
 #[derive(Clone, Debug)]
 pub struct DrainOptions {
+    /// Give up (or force) after this long from the drain's start; None: never.
     pub timeout: Option<Duration>,
+    /// What to do when `timeout` passes with pods left.
     pub on_timeout: DrainTimeoutPolicy,
     /// Backoff for refused evictions and API errors.
     pub retry: BackoffConfig,
@@ -59,6 +62,7 @@ impl Default for DrainOptions {
     }
 }
 
+/// How far a drain has come, in the terms NodeMaintenance's status reports.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DrainProgress {
     /// All pods on the node when the drain began.
@@ -69,6 +73,7 @@ pub struct DrainProgress {
     pub pending: Vec<PodReference>,
     /// Pods whose eviction a PodDisruptionBudget refuses.
     pub blocked: Vec<DrainBlocker>,
+    /// The latest round's errors or refusals, if any.
     pub last_error: Option<String>,
     /// Pods deleted (bypassing budgets) after the timeout.
     pub forced: i32,
@@ -85,19 +90,28 @@ impl DrainProgress {
     }
 }
 
+/// Where a drain stands.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DrainOutcome {
+    /// Pods are left and the drain goes on (also after a DeletePods timeout,
+    /// until the deleted pods are gone).
     Running,
+    /// Every pod to evict is gone.
     Succeeded,
     /// The timeout passed with pods left and the policy is to fail.
     TimedOut,
 }
 
+/// A snapshot of one drain.
 #[derive(Clone, Debug)]
 pub struct DrainStatus {
+    /// Who asked for the drain (only they can stop it).
     pub owner: String,
+    /// Where the drain stands.
     pub outcome: DrainOutcome,
+    /// How far it has come.
     pub progress: DrainProgress,
+    /// When this replica started it (the timeout counts from here).
     pub started: Instant,
     /// What happened to each pod, in order (at most [`MAX_POD_EVENTS`]): the
     /// drain's trace span carries them as events.
@@ -107,8 +121,10 @@ pub struct DrainStatus {
 /// Evictions, refusals and forced deletions recorded for a drain's trace.
 pub const MAX_POD_EVENTS: usize = 128;
 
+/// One thing that happened to one pod during a drain.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodEvent {
+    /// When it happened.
     pub at: std::time::SystemTime,
     /// `evicted`, `eviction refused` or `deleted`.
     pub what: &'static str,
@@ -125,6 +141,7 @@ struct Drain {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// The drains this replica runs, one per node. Cheap to clone (shared state).
 #[derive(Clone)]
 pub struct DrainEngine {
     client: Client,
@@ -133,6 +150,7 @@ pub struct DrainEngine {
 }
 
 impl DrainEngine {
+    /// An engine with no drains; `leader` is checked before every eviction.
     pub fn new(client: Client, leader: LeaderHandle) -> Self {
         DrainEngine {
             client,
@@ -178,6 +196,7 @@ impl DrainEngine {
         snapshot
     }
 
+    /// The status of the drain of `node`, whoever owns it, if there is one.
     pub fn status(&self, node: &str) -> Option<DrainStatus> {
         lock(&self.drains).get(node).map(|d| lock(&d.status).clone())
     }

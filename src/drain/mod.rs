@@ -1,6 +1,8 @@
 //! Taking nodes out of service: quarantine (cordon, taints, labels) with exact
-//! undo, and the drain engine (evictions honouring PodDisruptionBudgets).
-//! Shared by node maintenance, node replacement and upgrade plans.
+//! undo ([`node`]), which pods a drain evicts and which PodDisruptionBudgets
+//! cover them ([`pods`]), and the drain engine that evicts them through the
+//! Eviction API ([`engine`]). The NodeMaintenance controller is its one user;
+//! a node replacement drains its old node through a NodeMaintenance.
 
 pub mod engine;
 pub mod node;

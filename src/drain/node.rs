@@ -12,34 +12,47 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde::{Deserialize, Serialize};
 
+/// The annotation holding the [`NodeChanges`] record (JSON).
 pub const CHANGES_ANNOTATION: &str = "nodewarden.dev/drain-changes";
 
 /// What a quarantine consists of.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Quarantine {
+    /// Mark the node unschedulable.
     pub cordon: bool,
     /// Taints by key and effect (values are not compared).
     pub taints: Vec<Taint>,
+    /// Labels to add (a key already present is left as it is).
     pub labels: BTreeMap<String, String>,
 }
 
 /// The record of what one owner changed on a node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeChanges {
+    /// Who holds the node; only they may undo.
     pub owner: String,
+    /// Whether the owner cordoned the node (false: it was cordoned before).
     #[serde(default)]
     pub cordoned: bool,
     /// `key:effect` of each taint the owner added.
     #[serde(default)]
     pub taints: Vec<String>,
+    /// Keys of the labels the owner added.
     #[serde(default)]
     pub labels: Vec<String>,
 }
 
+/// Why a quarantine cannot be applied.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum QuarantineError {
+    /// Another owner's record is on the node: it is theirs until they undo.
     #[error("node {node} is already held by {owner}")]
-    HeldByOther { node: String, owner: String },
+    HeldByOther {
+        /// The node's name.
+        node: String,
+        /// The owner the record names.
+        owner: String,
+    },
 }
 
 fn taint_id(t: &Taint) -> String {

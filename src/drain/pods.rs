@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::api::node_maintenance::PodReference;
 
+/// What a drain does with a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodClass {
     /// Managed by a DaemonSet: it would come straight back; left in place.
@@ -18,6 +19,8 @@ pub enum PodClass {
     Evict,
 }
 
+/// The pod's class: mirror and DaemonSet pods first, then finished ones;
+/// everything else is evicted.
 pub fn classify(pod: &Pod) -> PodClass {
     let meta = &pod.metadata;
     if meta
@@ -39,6 +42,7 @@ pub fn classify(pod: &Pod) -> PodClass {
     }
 }
 
+/// The pod's namespace and name (empty when missing).
 pub fn reference(pod: &Pod) -> PodReference {
     PodReference {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),

@@ -23,6 +23,7 @@ use crate::telemetry::Metrics;
 /// What the endpoints report on.
 #[derive(Clone)]
 pub struct HttpState {
+    /// The metrics `/metrics` serves.
     pub metrics: Metrics,
     /// True once the replica can do its job (stores synced).
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,

@@ -6,9 +6,12 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
+/// The shape of a [`Backoff`]; the default is client-go's reflector backoff.
 #[derive(Clone, Copy, Debug)]
 pub struct BackoffConfig {
+    /// The first delay (before jitter).
     pub initial: Duration,
+    /// The longest delay (before jitter).
     pub max: Duration,
     /// A failure after this long without one starts again from `initial`.
     pub reset_after: Duration,
@@ -24,6 +27,7 @@ impl Default for BackoffConfig {
     }
 }
 
+/// One caller's backoff state: the delays so far and the last failure.
 pub struct Backoff {
     config: BackoffConfig,
     delays: ExponentialBackoff,
@@ -31,6 +35,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A backoff that has seen no failure yet.
     pub fn new(config: BackoffConfig) -> Self {
         Backoff {
             config,

@@ -106,6 +106,7 @@ impl<K: Eq + Hash> Default for ItemExponential<K> {
 }
 
 impl<K: Eq + Hash> ItemExponential<K> {
+    /// Waits `base`, doubling per failure of the key, at most `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
         Self {
             base,
@@ -238,6 +239,7 @@ pub struct MaxOf<K> {
 }
 
 impl<K> MaxOf<K> {
+    /// Combines `limiters`.
     pub fn new(limiters: Vec<Box<dyn RateLimiter<K>>>) -> Self {
         Self { limiters }
     }

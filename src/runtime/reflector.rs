@@ -1,6 +1,6 @@
 //! A reflector: keeps a [`Store`] equal to the API server's view of one
-//! resource type, with client-go's list-and-watch rules (see
-//! shared/reference/client-go-semantics.md):
+//! resource type, with client-go's list-and-watch rules (as the project's
+//! client-go notes describe them):
 //!
 //! - first a paged list at `resourceVersion=0` (served from the watch cache);
 //! - then a watch from the list's resourceVersion with bookmarks and a random

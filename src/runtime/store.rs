@@ -21,11 +21,14 @@ use tokio::sync::watch;
 /// `namespace/name` (or just `name` for cluster-scoped objects).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
+    /// The object's namespace; None for a cluster-scoped object.
     pub namespace: Option<String>,
+    /// The object's name.
     pub name: String,
 }
 
 impl ObjectKey {
+    /// The key of `name` in `namespace` (None: cluster-scoped).
     pub fn new(namespace: Option<&str>, name: &str) -> Self {
         ObjectKey {
             namespace: namespace.map(str::to_owned),
@@ -33,6 +36,7 @@ impl ObjectKey {
         }
     }
 
+    /// The key of the cluster-scoped object `name`.
     pub fn cluster(name: &str) -> Self {
         ObjectKey::new(None, name)
     }
@@ -227,10 +231,12 @@ impl<K> Store<K> {
         inner.indexes.insert(name, Index { func, values });
     }
 
+    /// The object stored under `key`, if any.
     pub fn get(&self, key: &ObjectKey) -> Option<Arc<K>> {
         self.read().objects.get(key).cloned()
     }
 
+    /// Every stored object, in no particular order.
     pub fn list(&self) -> Vec<Arc<K>> {
         self.read().objects.values().cloned().collect()
     }
@@ -240,10 +246,12 @@ impl<K> Store<K> {
         self.read().objects.keys().cloned().map(Key::from).collect()
     }
 
+    /// The number of stored objects.
     pub fn len(&self) -> usize {
         self.read().objects.len()
     }
 
+    /// Whether nothing is stored.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -403,6 +411,7 @@ fn unindex<K>(idx: &mut Index<K>, key: &ObjectKey, obj: &K) {
 
 /// What a `replace` changed.
 pub struct Replaced<K> {
+    /// Objects in the fresh list that were not stored.
     pub added: Vec<Arc<K>>,
     /// (old, new) for objects present before and after.
     pub updated: Vec<(Arc<K>, Arc<K>)>,

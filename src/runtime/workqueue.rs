@@ -219,6 +219,7 @@ where
         Self::new(name, default_rate_limiter(), None)
     }
 
+    /// The name the queue was created with (its controller's, under a Manager).
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -447,6 +448,7 @@ where
         len
     }
 
+    /// Whether no key is ready to be handed out.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -498,6 +500,7 @@ where
         }
     }
 
+    /// Whether a shutdown (either kind) has begun.
     pub fn is_shutting_down(&self) -> bool {
         lock(&self.inner.state).phase != Phase::Running
     }

@@ -15,13 +15,17 @@ use prometheus_client::registry::Registry;
 use crate::runtime::error::Category;
 use crate::runtime::metrics::{QueueMetrics, RuntimeMetrics};
 
+/// Label set of the reconcile metrics: the controller.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
+    /// The controller's name.
     pub controller: String,
 }
 
+/// Label set of `reconcile_errors`: the controller and the error's category.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
+    /// The controller's name.
     pub controller: String,
     /// The error's category (see `error::Category`), also the Event reason.
     pub category: String,
@@ -30,43 +34,57 @@ pub struct ErrorLabels {
 /// An exemplar's labels: the trace of the observed reconcile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TraceLabels {
+    /// The trace id, in hex.
     pub trace_id: String,
 }
 
+/// Label set of the rollout metrics: the NodeVersion.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeVersionLabels {
+    /// The NodeVersion's name.
     pub nodeversion: String,
 }
 
+/// Label set of `nodes`: the NodeVersion and a state.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeStateLabels {
+    /// The NodeVersion's name.
     pub nodeversion: String,
     /// `up_to_date`, `outdated` or `replacing`.
     pub state: String,
 }
 
+/// Label set of `drain_duration_seconds`: how the drain ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     /// `succeeded` or `failed`.
     pub result: String,
 }
 
+/// Label set of `cloud_request_duration_seconds`: which provider, which call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CloudLabels {
+    /// The cloud provider's name.
     pub provider: String,
+    /// The provider call, e.g. `create_node`.
     pub operation: String,
 }
 
+/// Label set of `cloud_errors`: which provider, which call, which kind of failure.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CloudErrorLabels {
+    /// The cloud provider's name.
     pub provider: String,
+    /// The provider call.
     pub operation: String,
+    /// The cloud error's kind: `not_found`, `throttled`, ...
     pub category: String,
 }
 
 /// Label set of every queue metric: the queue's name.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabels {
+    /// The queue's name (its controller's).
     pub name: String,
 }
 
@@ -191,7 +209,9 @@ pub struct Metrics {
     registry: Arc<Registry>,
     /// Work-queue figures, one series per queue.
     pub queue: QueueFamilies,
+    /// Reconciles run, by controller.
     pub reconciles: Family<ControllerLabels, Counter>,
+    /// Reconciles that failed, by controller and error category.
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     /// Exemplars carry the reconcile span's trace id (when traces are exported).
     pub reconcile_duration: ExemplarHistogramFamily<ControllerLabels>,
@@ -207,10 +227,13 @@ pub struct Metrics {
     pub replacements: Family<NodeVersionLabels, Counter>,
     /// From the NodeMaintenance's creation to its drain's end.
     pub drain_duration: HistogramFamily<ResultLabels>,
+    /// Drains in progress.
     pub drains_running: Gauge,
     /// Drains with at least one pod a PodDisruptionBudget keeps.
     pub drains_blocked: Gauge,
+    /// Latency of cloud provider calls, by provider and operation.
     pub cloud_duration: HistogramFamily<CloudLabels>,
+    /// Failed cloud provider calls, by provider, operation and error category.
     pub cloud_errors: Family<CloudErrorLabels, Counter>,
 }
 
@@ -221,6 +244,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric, registered under the `nodewarden_` prefix, all at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodewarden");
         let queue = QueueFamilies::register(&mut registry);

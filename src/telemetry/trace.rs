@@ -50,7 +50,9 @@ const TRACER_NAME: &str = "nodewarden";
 /// A W3C trace context: the trace and the span new spans hang under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceParent {
+    /// The trace.
     pub trace_id: TraceId,
+    /// The span new spans hang under (the trace's root span).
     pub span_id: SpanId,
 }
 
@@ -111,10 +113,15 @@ impl TraceParent {
 /// A finished span to emit: its phase, times and what it did.
 #[derive(Debug, Default)]
 pub struct SpanRecord {
+    /// The span's name: the phase (it also derives the phase's span id).
     pub name: &'static str,
+    /// When the phase began; None: when the span is emitted.
     pub start: Option<SystemTime>,
+    /// When the phase ended; None: when the span is emitted.
     pub end: Option<SystemTime>,
+    /// The span's attributes.
     pub attributes: Vec<KeyValue>,
+    /// Timed events within the span (e.g. a drain's evictions).
     pub events: Vec<Event>,
     /// Other traces this span is linked to (a replacement to its rollout).
     pub links: Vec<TraceParent>,
@@ -123,6 +130,7 @@ pub struct SpanRecord {
 }
 
 impl SpanRecord {
+    /// A span named `name` from `start` to `end`, with nothing else yet.
     pub fn new(name: &'static str, start: SystemTime, end: SystemTime) -> Self {
         SpanRecord {
             name,
@@ -132,11 +140,13 @@ impl SpanRecord {
         }
     }
 
+    /// Adds the attribute `key` = `value`.
     pub fn attr(mut self, key: &'static str, value: impl Into<opentelemetry::Value>) -> Self {
         self.attributes.push(KeyValue::new(key, value));
         self
     }
 
+    /// Links the span to `to`, if there is one.
     pub fn link(mut self, to: Option<TraceParent>) -> Self {
         self.links.extend(to);
         self
@@ -231,6 +241,7 @@ pub fn export_requested(env: impl Fn(&str) -> Option<String>) -> bool {
     !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 }
 
+/// The OTLP exporter could not be built from the environment's settings.
 #[derive(Debug, thiserror::Error)]
 #[error("configuring the OTLP trace exporter: {0}")]
 pub struct TraceInitError(String);
@@ -316,12 +327,15 @@ pub fn rollout_of(annotations: Option<&std::collections::BTreeMap<String, String
     TraceParent::parse(annotations?.get(ROLLOUT_TRACEPARENT_ANNOTATION)?)
 }
 
+/// `t` in RFC 3339, as the trace-started annotation holds it (empty when `t`
+/// is out of range).
 pub fn format_time(t: SystemTime) -> String {
     k8s_openapi::jiff::Timestamp::try_from(t)
         .map(|t| t.to_string())
         .unwrap_or_default()
 }
 
+/// Reads an RFC 3339 time (the trace-started annotation); None when malformed.
 pub fn parse_time(s: &str) -> Option<SystemTime> {
     s.parse::<k8s_openapi::jiff::Timestamp>()
         .ok()

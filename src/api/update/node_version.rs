@@ -145,9 +145,13 @@ pub struct NodeVersionStatus {
 /// The node counts a human reads in `kubectl get nodeversions`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NodeCounts {
+    /// Nodes governed by the NodeVersion.
     pub nodes: u32,
+    /// Of those, nodes on the desired image and components.
     pub up_to_date: u32,
+    /// Of those, nodes still to be replaced.
     pub outdated: u32,
+    /// Replacements in flight.
     pub replacing: u32,
 }
 

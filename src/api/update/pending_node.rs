@@ -29,12 +29,15 @@ pub enum CspNodeState {
     /// No information (yet).
     #[default]
     Unknown,
+    /// Being created at the cloud; not running yet.
     Creating,
     /// Running at the cloud; not necessarily joined to the cluster.
     Ready,
     /// Not running, temporarily.
     Stopped,
+    /// Being deleted at the cloud.
     Terminating,
+    /// Gone at the cloud (deleted, or missing once it had been seen or was meant to leave).
     Terminated,
     /// An unrecoverable error at the cloud.
     Failed,

@@ -111,6 +111,7 @@ impl ScalingGroupSpec {
         &self.node_image
     }
 
+    /// Whether the group's nodes are control-plane nodes.
     pub fn is_control_plane(&self) -> bool {
         self.role == NodeRole::ControlPlane
     }
