@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use nodewarden::cloud::simcloud::SimCloudArgs;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::operator::{self, OperatorConfig};
 use nodewarden::runtime::leader::LeaderElectionConfig;
+use nodewarden::simcloud::SimCloudArgs;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -161,7 +161,7 @@ async fn sim_cloud(args: SimCloudArgs) -> anyhow::Result<()> {
         wait_for_signal().await;
         signals.cancel();
     });
-    nodewarden::cloud::simcloud::run(args, shutdown).await?;
+    nodewarden::simcloud::run(args, shutdown).await?;
     Ok(())
 }
 

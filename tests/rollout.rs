@@ -106,7 +106,7 @@ async fn an_instance_that_never_joins_is_deleted_and_replaced() {
     .await;
     let env = &r.env;
     set_join_timeout(env, "4s").await;
-    let faults = nodewarden::cloud::simcloud::faults::Faults {
+    let faults = nodewarden::cloud::sim::wire::Faults {
         never_join: 1,
         ..Default::default()
     };

@@ -12,10 +12,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use nodewarden::cloud::sim::SimProvider;
-use nodewarden::cloud::simcloud::faults::Faults;
-use nodewarden::cloud::simcloud::nodes::SCALING_GROUP_LABEL;
-use nodewarden::cloud::simcloud::wire::InstanceView;
+use nodewarden::cloud::sim::wire::{Faults, InstanceView};
 use nodewarden::cloud::{CloudError, CloudProvider, CreateNodeRequest, GroupRole, InstanceState};
+use nodewarden::simcloud::nodes::SCALING_GROUP_LABEL;
 use support::{Probe, RUN_LABEL, TestEnv, node_is_ready, seen, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(60);

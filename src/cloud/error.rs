@@ -6,32 +6,58 @@ use std::time::Duration;
 
 use crate::runtime::error::{Categorized, Category};
 
+/// Why a cloud provider call failed, in terms every provider can map onto.
+/// [`CloudError::retryable`] is the one question most callers ask.
 #[derive(Debug, thiserror::Error)]
 pub enum CloudError {
     /// The cloud has no record of the thing asked about. Deliberately not a
     /// state: see [`super::CloudProvider::node_state`].
     #[error("{what} not found in the cloud")]
-    NotFound { what: String },
+    NotFound {
+        /// What was looked for (an instance, a group, a call's path).
+        what: String,
+    },
     /// The cloud asked us to slow down (HTTP 429, quota per second, ...).
     #[error("the cloud throttled the request (retry after {retry_after:?})")]
-    Throttled { retry_after: Option<Duration> },
+    Throttled {
+        /// How long the cloud asked us to wait, if it said.
+        retry_after: Option<Duration>,
+    },
     /// The cloud failed on its side (HTTP 5xx).
     #[error("the cloud failed the request with status {status}: {message}")]
-    Server { status: u16, message: String },
+    Server {
+        /// The HTTP status (or the closest one to the cloud's error code).
+        status: u16,
+        /// The cloud's own words.
+        message: String,
+    },
     /// The request did not reach the cloud or its answer did not come back
     /// (connection refused or reset). Whether it took effect is unknown.
     #[error("cannot reach the cloud: {0}")]
     Transport(String),
     /// No answer within the provider's timeout. Whether it took effect is unknown.
     #[error("no answer from the cloud within {after:?}")]
-    Timeout { after: Duration },
+    Timeout {
+        /// The timeout that ran out.
+        after: Duration,
+    },
     /// The cloud refused the request as it is (HTTP 4xx other than 404 and
     /// 429): asking again unchanged will not help.
     #[error("the cloud rejected the request with status {status}: {message}")]
-    Rejected { status: u16, message: String },
+    Rejected {
+        /// The HTTP status (or the closest one to the cloud's error code).
+        status: u16,
+        /// The cloud's own words.
+        message: String,
+    },
     /// The provider ID is not one of this provider's.
     #[error("provider ID {provider_id:?} is not valid here: {reason}")]
-    InvalidProviderId { provider_id: String, reason: String },
+    InvalidProviderId {
+        /// The provider ID as given.
+        provider_id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The cloud's answer could not be understood.
     #[error("unexpected answer from the cloud: {0}")]
     InvalidResponse(String),
@@ -41,7 +67,9 @@ pub enum CloudError {
     /// The provider cannot do this at all (e.g. a bare-metal pool has no image to set).
     #[error("the {provider} provider cannot {operation}")]
     Unsupported {
+        /// The provider's [`name`](super::CloudProvider::name).
         provider: String,
+        /// What it cannot do, as a verb phrase: "set a group image".
         operation: &'static str,
     },
 }

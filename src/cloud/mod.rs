@@ -4,20 +4,23 @@
 //!
 //! The trait is the one seam between nodewarden and an infrastructure API.
 //! It follows what Constellation's node operator needs from GCP managed
-//! instance groups, Azure scale sets and AWS auto scaling groups (see
-//! `reference/constellation-node-operator.md`), so those providers — and a
-//! bare-metal host provider, whose "groups" are host pools — can implement it
-//! without changing it. Extension points are request structs and
+//! instance groups, Azure scale sets and AWS auto scaling groups (its clients
+//! are in `operators/constellation-node-operator/internal/cloud/` of
+//! <https://github.com/edgelesssys/constellation>), so those providers — and
+//! a bare-metal host provider, whose "groups" are host pools — can implement
+//! it without changing it. Extension points are request structs and
 //! [`CloudError::Unsupported`], never new trait parameters.
 //!
-//! - [`sim`]: the `sim` provider, an HTTP client of `nodewarden sim-cloud`.
-//! - [`simcloud`]: the simulated cloud process itself (a test double of a
-//!   cloud, not of Kubernetes).
+//! - [`error`]: [`CloudError`], what every provider's failures map onto.
+//! - [`metered`]: a provider wrapper that shares one rate limit and reports
+//!   every call's latency and errors.
+//! - [`sim`]: the `sim` provider, an HTTP client of `nodewarden sim-cloud`;
+//!   [`sim::wire`] is the protocol it speaks. The simulator itself is
+//!   [`crate::simcloud`], a separate module tree this one does not import.
 
 pub mod error;
 pub mod metered;
 pub mod sim;
-pub mod simcloud;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -95,6 +98,7 @@ pub struct CreateNodeRequest {
 }
 
 impl CreateNodeRequest {
+    /// A request for one instance in `group_id`, without an idempotency key.
     pub fn new(group_id: impl Into<String>) -> Self {
         CreateNodeRequest {
             group_id: group_id.into(),
@@ -150,7 +154,9 @@ impl InstanceState {
 /// `role` of Constellation's ScalingGroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GroupRole {
+    /// Nodes that run workloads.
     Worker,
+    /// Nodes that run the control plane (API server, etcd, ...).
     ControlPlane,
 }
 
@@ -161,6 +167,7 @@ pub enum GroupRole {
 pub struct ScalingGroup {
     /// The provider's full ID of the group (used in every call).
     pub id: String,
+    /// Whether its nodes run workloads or the control plane.
     pub role: GroupRole,
     /// A short human name (Constellation's `nodeGroupName`).
     pub name: String,

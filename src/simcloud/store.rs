@@ -10,6 +10,7 @@ use tokio::sync::{Mutex, Notify};
 use super::model::{Cloud, ModelError};
 use super::persist::{self, PersistError};
 
+/// The running sim-cloud's state, saved on every change (see the module docs).
 pub struct SimStore {
     cloud: Mutex<Cloud>,
     state_file: PathBuf,
@@ -17,17 +18,22 @@ pub struct SimStore {
     changed: Notify,
 }
 
+/// Why a change was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The model refused it.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// It could not be saved.
     #[error(transparent)]
     Persist(#[from] PersistError),
+    /// The task writing the state file panicked or was cancelled.
     #[error("writing the state file: {0}")]
     Writer(#[from] tokio::task::JoinError),
 }
 
 impl SimStore {
+    /// Holds `cloud`, saving every change to `state_file`.
     pub fn new(cloud: Cloud, state_file: PathBuf) -> SimStore {
         SimStore {
             cloud: Mutex::new(cloud),
@@ -73,7 +79,7 @@ impl SimStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::simcloud::config::SimConfig;
+    use crate::simcloud::config::SimConfig;
 
     #[tokio::test]
     async fn changes_reach_the_file_and_failed_changes_do_not_happen() {

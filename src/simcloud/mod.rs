@@ -11,14 +11,16 @@
 //! would, but never deletes a Node — that is the operator's job, as in
 //! Constellation.
 //!
+//! Its own module tree, apart from the providers in [`crate::cloud`]: it
+//! speaks the protocol of [`crate::cloud::sim::wire`] (and converts its model
+//! to it), while the `sim` provider imports nothing from here.
+//!
 //! - [`config`]: the groups file; [`model`]: state and rules, no IO;
-//!   [`faults`]: fault settings and decisions; [`persist`]: the state file;
-//!   [`store`]: the running state; [`server`]: the HTTP API; [`joiner`] and
-//!   [`nodes`]: Node creation; [`wire`]: JSON shapes shared with the
-//!   [`crate::cloud::sim`] provider.
+//!   [`faults`]: how injected faults are decided; [`persist`]: the state
+//!   file; [`store`]: the running state; [`server`]: the HTTP API;
+//!   [`joiner`] and [`nodes`]: Node creation.
 
 pub mod config;
-pub mod duration;
 pub mod faults;
 pub mod joiner;
 pub mod model;
@@ -26,7 +28,6 @@ pub mod nodes;
 pub mod persist;
 pub mod server;
 pub mod store;
-pub mod wire;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -59,17 +60,24 @@ pub struct SimCloudArgs {
     pub kubeconfig: Option<PathBuf>,
 }
 
+/// Why the sim-cloud could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SimCloudError {
+    /// The groups file is missing or invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The state file cannot be read or written.
     #[error(transparent)]
     State(#[from] PersistError),
+    /// No Kubernetes client for the cluster the instances join.
     #[error(transparent)]
     Client(#[from] crate::client::ClientError),
+    /// The HTTP API's address cannot be bound.
     #[error("listening on {addr}: {source}")]
     Listen {
+        /// The address asked for.
         addr: SocketAddr,
+        /// Why binding it failed.
         source: std::io::Error,
     },
 }

@@ -22,53 +22,83 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::duration;
 use crate::cloud::GroupRole;
+use crate::cloud::sim::wire::duration;
 
 /// Longest group ID: leaves room for `-<serial>` in a 63-character Node
 /// name that is also valid as the `kubernetes.io/hostname` label value.
 pub const MAX_GROUP_ID_LEN: usize = 50;
 
+/// The whole config file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SimConfig {
+    /// The scaling groups, each with a unique ID.
     pub groups: Vec<GroupConfig>,
 }
 
+/// One scaling group of the config file (see the module docs for an example).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GroupConfig {
+    /// A DNS label of at most [`MAX_GROUP_ID_LEN`] characters; instance
+    /// names are `<id>-<serial>`.
     pub id: String,
+    /// A short human name; the ID when absent.
     #[serde(default)]
     pub name: Option<String>,
+    /// Whether its Nodes run workloads or the control plane.
     pub role: GroupRole,
+    /// Instances created, already booted, when the group first appears.
     #[serde(default)]
     pub initial_size: u32,
+    /// The image of new instances until the API sets another.
     pub image: String,
+    /// `Creating` to `Ready`.
     #[serde(with = "duration", default)]
     pub boot_delay: Duration,
+    /// `Ready` to its Node.
     #[serde(with = "duration", default)]
     pub join_delay: Duration,
+    /// `Terminating` to `Terminated`.
     #[serde(with = "duration", default)]
     pub delete_delay: Duration,
+    /// Put on the group's Nodes.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
 }
 
+/// Why the config file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file cannot be read.
     #[error("reading {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        /// The file.
+        path: String,
+        /// Why reading it failed.
+        source: std::io::Error,
+    },
+    /// The file is not YAML of the expected shape.
     #[error("parsing {path}: {source}")]
     Parse {
+        /// The file.
         path: String,
+        /// What the parser found.
         source: serde_norway::Error,
     },
+    /// A group breaks a rule [`SimConfig::validate`] checks.
     #[error("group {id:?}: {reason}")]
-    Invalid { id: String, reason: String },
+    Invalid {
+        /// The group's ID.
+        id: String,
+        /// The rule it breaks.
+        reason: String,
+    },
 }
 
 impl SimConfig {
+    /// Reads, parses and validates the file at `path`.
     pub fn load(path: &Path) -> Result<SimConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
@@ -82,6 +112,7 @@ impl SimConfig {
         Ok(config)
     }
 
+    /// Parses YAML text, without validating it.
     pub fn parse(text: &str) -> Result<SimConfig, serde_norway::Error> {
         serde_norway::from_str(text)
     }

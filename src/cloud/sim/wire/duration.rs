@@ -1,4 +1,4 @@
-//! Durations as people write them in the config file and the faults API:
+//! Durations as people write them in the sim-cloud's faults API and config file:
 //! `"500ms"`, `"2s"`, `"1.5m"`, `"1h"`, or a bare number of seconds. Written
 //! back as whole milliseconds (`"1500ms"`), which reads back exactly.
 
@@ -45,11 +45,14 @@ fn from_written(written: Written) -> Result<Duration, String> {
     }
 }
 
-/// `#[serde(with = "duration")]` for a `Duration` field.
+/// `#[serde(with = "duration")]` for a `Duration` field: writes it as
+/// [`format()`] does.
 pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&format(*duration))
 }
 
+/// The reading half of `#[serde(with = "duration")]`: a string as [`parse`]
+/// reads it, or a bare number of seconds.
 pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     from_written(Written::deserialize(deserializer)?).map_err(serde::de::Error::custom)
 }
@@ -58,6 +61,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duratio
 pub mod option {
     use super::*;
 
+    /// Writes `Some` as [`format()`] does, `None` as null.
     pub fn serialize<S: Serializer>(duration: &Option<Duration>, serializer: S) -> Result<S::Ok, S::Error> {
         match duration {
             Some(d) => super::serialize(d, serializer),
@@ -65,6 +69,7 @@ pub mod option {
         }
     }
 
+    /// Reads null as `None`, anything else as [`super::deserialize`] does.
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
         Option::<Written>::deserialize(deserializer)?
             .map(from_written)

@@ -20,14 +20,34 @@ struct StateFile {
     cloud: Cloud,
 }
 
+/// Why the state file cannot be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
+    /// Reading, writing, syncing or renaming failed.
     #[error("state file {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        /// The file (or its temporary sibling).
+        path: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The file is not JSON of the expected shape (or the state could not
+    /// be encoded).
     #[error("state file {path} is not valid: {source}")]
-    Format { path: String, source: serde_json::Error },
+    Format {
+        /// The file.
+        path: String,
+        /// What the parser found.
+        source: serde_json::Error,
+    },
+    /// The file was written by a sim-cloud with another format.
     #[error("state file {path} has version {found}; this sim-cloud reads version {VERSION}")]
-    Version { path: String, found: u32 },
+    Version {
+        /// The file.
+        path: String,
+        /// The version it has.
+        found: u32,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PersistError + '_ {
@@ -102,7 +122,7 @@ fn temporary(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::simcloud::config::SimConfig;
+    use crate::simcloud::config::SimConfig;
 
     fn cloud() -> Cloud {
         let config = SimConfig::parse(

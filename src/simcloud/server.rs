@@ -1,4 +1,5 @@
-//! The sim-cloud's HTTP JSON API.
+//! The sim-cloud's HTTP JSON API; its bodies are the types of
+//! [`crate::cloud::sim::wire`].
 //!
 //! | Method and path | Answer |
 //! |---|---|
@@ -10,7 +11,7 @@
 //! | `GET /instances` | every instance ever created, Terminated ones too |
 //! | `GET /instances/{name}` | one instance; 404 if the cloud never had it |
 //! | `DELETE /instances/{name}` | 202; starts the delete (repeating it is harmless) |
-//! | `GET /faults`, `POST /faults` | the injected faults (see `faults.rs`); POST replaces them |
+//! | `GET /faults`, `POST /faults` | the injected faults ([`Faults`]); POST replaces them |
 //!
 //! Errors are `{"error": ...}` with status 400, 404, 429 (with `Retry-After`)
 //! or 500. Faults hit the cloud calls — everything under `/groups` and
@@ -28,10 +29,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use super::faults::{Faults, Verdict};
+use super::faults::{self, Verdict};
 use super::model::{ModelError, now};
 use super::store::{SimStore, StoreError};
-use super::wire::{CreateBody, ErrorBody, ImageBody};
+use crate::cloud::sim::wire::{CreateBody, ErrorBody, Faults, ImageBody};
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -130,7 +131,7 @@ async fn handle(sim: Arc<SimStore>, req: Request<Incoming>) -> Answer {
     let faults = sim.read(|c| c.faults.clone()).await;
     if is_cloud_call(&segments) {
         // Drawn outside any await: the thread's generator is not Send.
-        let verdict = faults.verdict(&mut rand::rng());
+        let verdict = faults::verdict(&faults, &mut rand::rng());
         match verdict {
             Verdict::Serve => {}
             Verdict::Fail => {
@@ -156,7 +157,7 @@ async fn handle(sim: Arc<SimStore>, req: Request<Incoming>) -> Answer {
     if is_cloud_call(&segments)
         && mutation
         && answer.status.is_success()
-        && faults.loses_response(&mut rand::rng())
+        && faults::loses_response(&faults, &mut rand::rng())
     {
         tracing::debug!(%method, %path, "fault: the change was made but its answer is lost");
         return Answer::error(StatusCode::INTERNAL_SERVER_ERROR, "injected fault: answer lost");

@@ -2,6 +2,12 @@
 //! real provider talks to its cloud — every call has a timeout, 5xx and 429
 //! come back as retryable errors, 404 as [`CloudError::NotFound`], and
 //! nothing is retried inside (the caller's backoff decides).
+//!
+//! It speaks only the protocol in [`wire`]; the simulator itself (the
+//! `simcloud` module tree behind `nodewarden sim-cloud`) is another process
+//! and nothing of it is imported here.
+
+pub mod wire;
 
 use std::time::Duration;
 
@@ -14,10 +20,10 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::simcloud::faults::Faults;
-use super::simcloud::wire::{CreateBody, ErrorBody, ImageBody, InstanceView, parse_provider_id};
-use super::{CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup};
-use crate::cloud::CloudError;
+use self::wire::{CreateBody, ErrorBody, Faults, ImageBody, InstanceView, parse_provider_id};
+use super::{
+    CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup,
+};
 
 /// Default limit for one call, answer included.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -17,6 +17,7 @@ const RETRY: Duration = Duration::from_secs(1);
 /// How long to sleep with nothing pending (a change wakes it earlier).
 const IDLE: Duration = Duration::from_secs(3600);
 
+/// Creates due Nodes until `shutdown` is cancelled.
 pub async fn run(sim: Arc<SimStore>, client: Client, shutdown: CancellationToken) {
     loop {
         let due = {

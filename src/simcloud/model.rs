@@ -24,8 +24,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::config::{GroupConfig, SimConfig};
-use super::faults::Faults;
-use super::wire::{GroupView, InstanceView, provider_id};
+use super::faults;
+use crate::cloud::sim::wire::{self, Faults, GroupView, InstanceView, provider_id};
 use crate::cloud::{GroupRole, InstanceState, ScalingGroup};
 
 /// Milliseconds since the Unix epoch.
@@ -48,39 +48,55 @@ fn millis(d: Duration) -> Millis {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Cloud {
+    /// By group ID.
     pub groups: BTreeMap<String, Group>,
     /// By instance name (unique across the cloud).
     pub instances: BTreeMap<String, Instance>,
     /// Serial number of the next instance; never reused.
     pub next_serial: u64,
+    /// The injected faults, as last set through the API.
     pub faults: Faults,
 }
 
+/// A scaling group: its setup from the config, and its image.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Group {
+    /// Its ID, also the prefix of its instances' names.
     pub id: String,
+    /// A short human name (the ID unless the config gives one).
     pub name: String,
+    /// Whether its Nodes run workloads or the control plane.
     pub role: GroupRole,
     /// Image of new instances.
     pub image: String,
+    /// `Creating` to `Ready`.
     pub boot_delay_ms: Millis,
+    /// `Ready` to its Node.
     pub join_delay_ms: Millis,
+    /// `Terminating` to `Terminated`.
     pub delete_delay_ms: Millis,
     /// Put on the group's Nodes.
     pub labels: BTreeMap<String, String>,
 }
 
+/// An instance, as persisted: its timestamps, from which its state follows
+/// (see the module docs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Instance {
+    /// `<group>-<serial>`; also its Node's name.
     pub name: String,
+    /// The ID of its group.
     pub group: String,
+    /// The image it boots from: its group's when it was created.
     pub image: String,
     /// The caller's idempotency key, if it gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// When it was created.
     pub created_at_ms: Millis,
+    /// When it is done booting.
     pub ready_at_ms: Millis,
     /// When its Node is due; `None`: never (the `neverJoin` fault).
     pub join_at_ms: Option<Millis>,
@@ -90,8 +106,10 @@ pub struct Instance {
     /// When its Node was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub joined_at_ms: Option<Millis>,
+    /// When its delete was asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deleted_at_ms: Option<Millis>,
+    /// When its delete is (or was) done: asked for plus the delete delay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminated_at_ms: Option<Millis>,
 }
@@ -99,19 +117,28 @@ pub struct Instance {
 /// A Node that is due: everything needed to create it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JoinJob {
+    /// The instance's name, which its Node takes.
     pub instance: String,
+    /// Its group's ID.
     pub group: String,
+    /// Its group's role.
     pub role: GroupRole,
+    /// The image it runs (the Node's `osImage`).
     pub image: String,
+    /// Its group's labels, for the Node.
     pub labels: BTreeMap<String, String>,
 }
 
+/// A request the model refuses.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ModelError {
+    /// No group has this ID.
     #[error("group {0} not found")]
     UnknownGroup(String),
+    /// The cloud never had an instance of this name.
     #[error("instance {0} not found")]
     UnknownInstance(String),
+    /// The request is malformed (e.g. an empty image).
     #[error("{0}")]
     Invalid(String),
 }
@@ -136,12 +163,25 @@ impl Instance {
         self.join_at_ms
     }
 
+    /// How the API shows it at time `now`.
     pub fn view(&self, now: Millis) -> InstanceView {
         InstanceView {
             provider_id: provider_id(&self.group, &self.name),
             state: self.state(now),
             never_join: self.join_at_ms.is_none(),
-            instance: self.clone(),
+            instance: wire::Instance {
+                name: self.name.clone(),
+                group: self.group.clone(),
+                image: self.image.clone(),
+                request_id: self.request_id.clone(),
+                created_at_ms: self.created_at_ms,
+                ready_at_ms: self.ready_at_ms,
+                join_at_ms: self.join_at_ms,
+                fails: self.fails,
+                joined_at_ms: self.joined_at_ms,
+                deleted_at_ms: self.deleted_at_ms,
+                terminated_at_ms: self.terminated_at_ms,
+            },
         }
     }
 }
@@ -251,8 +291,8 @@ impl Cloud {
         }
         let ready_at = now.saturating_add(g.boot_delay_ms);
         let join_at = ready_at.saturating_add(g.join_delay_ms);
-        let never_join = self.faults.take_never_join();
-        let fails = self.faults.take_fail_boot();
+        let never_join = faults::take_never_join(&mut self.faults);
+        let fails = faults::take_fail_boot(&mut self.faults);
         let join_at = (!never_join).then_some(join_at);
         let instance = self.add_instance(group, request_id, now, ready_at, join_at, fails);
         Ok((instance.clone(), true))
@@ -276,12 +316,14 @@ impl Cloud {
         Ok(instance.clone())
     }
 
+    /// One instance by name, Terminated ones included.
     pub fn instance(&self, name: &str) -> Result<&Instance, ModelError> {
         self.instances
             .get(name)
             .ok_or_else(|| ModelError::UnknownInstance(name.to_string()))
     }
 
+    /// One group by ID.
     pub fn group(&self, id: &str) -> Result<&Group, ModelError> {
         self.groups
             .get(id)

@@ -10,8 +10,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 
 use super::model::JoinJob;
-use super::wire::provider_id;
 use crate::cloud::GroupRole;
+use crate::cloud::sim::wire::provider_id;
 
 /// The label naming a Node's scaling group.
 pub const SCALING_GROUP_LABEL: &str = "nodewarden.dev/scaling-group";
