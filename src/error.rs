@@ -51,6 +51,24 @@ pub enum Error {
     },
 }
 
+impl From<crate::runtime::lease::LeaseError> for Error {
+    fn from(e: crate::runtime::lease::LeaseError) -> Self {
+        use crate::runtime::lease::LeaseError;
+        match e {
+            LeaseError::Kube(e) => Error::Kube(e),
+            LeaseError::Timeout { lease, after } => Error::Timeout {
+                what: format!("lease {lease}"),
+                after,
+            },
+            LeaseError::NoResourceVersion { lease } => Error::InvalidObject {
+                kind: "Lease",
+                name: lease,
+                reason: "it has no metadata.resourceVersion".into(),
+            },
+        }
+    }
+}
+
 impl From<crate::runtime::leader::NotLeader> for Error {
     fn from(_: crate::runtime::leader::NotLeader) -> Self {
         Error::NotLeader

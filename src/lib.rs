@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! nodewarden: a Kubernetes operator that keeps every node on the OS image and
 //! Kubernetes version its operators asked for.
 //!
@@ -14,4 +15,5 @@ pub mod error;
 pub mod http;
 pub mod operator;
 pub mod runtime;
+pub mod simcloud;
 pub mod telemetry;

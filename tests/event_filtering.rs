@@ -2,7 +2,8 @@
 //! registers them: a Node's status-only change requeues no NodeVersion, and
 //! with the cloud down while Nodes change 50 times a second, the cloud is
 //! called no more often than the per-key backoff allows (events arriving
-//! during a backoff wait for it), while the NodeVersion says why it is stuck.
+//! during a backoff wait for it), while the NodeVersion says why it is stuck
+//! (a condition and a Warning Event).
 
 mod support;
 
@@ -192,6 +193,7 @@ async fn a_node_status_change_requeues_no_node_version() {
         },
     )
     .await;
+
     stop.cancel();
     env.cleanup().await;
 }
@@ -284,6 +286,29 @@ async fn with_the_cloud_down_busy_nodes_do_not_multiply_cloud_calls() {
                     Probe::Done(())
                 }
                 other => Probe::NotYet(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // And every failed reconcile is an Event on its object, reason = category.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), "default");
+    wait_for(
+        "a CloudError Event on the NodeVersion",
+        Duration::from_secs(10),
+        || async {
+            let list = match events.list(&Default::default()).await {
+                Ok(list) => list,
+                Err(e) => return Probe::NotYet(seen(e)),
+            };
+            let found = list.items.iter().any(|e| {
+                e.reason.as_deref() == Some("CloudError")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(nv_name.as_str())
+            });
+            if found {
+                Probe::Done(())
+            } else {
+                Probe::NotYet(format!("{} events, none for {nv_name}", list.items.len()))
             }
         },
     )

@@ -7,15 +7,15 @@
 //! gathers facts and carries out the decision. Drains run in the shared
 //! [`DrainEngine`], one task per node, so they never block a worker.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::api::core::v1::{Namespace, Node, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -30,6 +30,7 @@ use crate::drain::{DrainEngine, DrainOptions, DrainOutcome, DrainStatus};
 use crate::error::{Category, Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
+use crate::runtime::lease::{KubeLeaseLock, LeaseLock, Observed, Written, holding_spec};
 use crate::runtime::manager::{Manager, Task};
 use crate::runtime::rate_limiter::lock;
 use crate::runtime::store::{Key, ObjectKey, Store};
@@ -38,13 +39,19 @@ use crate::telemetry::Metrics;
 use crate::telemetry::metrics::ResultLabels;
 use crate::telemetry::trace::{self, SpanRecord};
 use opentelemetry::KeyValue;
+use tokio::time::Instant;
 
+/// Held on every NodeMaintenance until its changes to the node are undone.
 pub const FINALIZER: &str = "nodewarden.dev/node-maintenance";
+/// The taint that keeps new pods off a node in maintenance (medik8s's).
 pub const DRAIN_TAINT: &str = "medik8s.io/drain";
+/// The taint a cordoned node carries.
 pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+/// Tells remediation tools to leave the node alone while it is in maintenance.
 pub const EXCLUDE_LABEL: &str = "remediation.medik8s.io/exclude-from-remediation";
 /// The holder other medik8s tools recognise on the per-node lease.
 pub const LEASE_HOLDER: &str = "node-maintenance";
+/// Duration of the per-node lease (medik8s's: one hour).
 pub const LEASE_SECONDS: i32 = 3600;
 /// Index of NodeMaintenance stores: spec.nodeName.
 pub const NODE_INDEX: &str = "node";
@@ -54,13 +61,16 @@ pub const NODE_INDEX: &str = "node";
 pub struct Claim {
     /// `<group>/<name>`: the owner recorded on the Node.
     pub owner: String,
+    /// When the claim was made (its creation time).
     pub created: Option<Timestamp>,
+    /// The claiming object is being deleted.
     pub deleting: bool,
     /// Holds (or held) the node: entered maintenance and has not failed.
     pub active: bool,
 }
 
 impl Claim {
+    /// The claim a NodeMaintenance makes on its node.
     pub fn of<M: MaintenanceObject>(m: &M) -> Claim {
         let status = m.maintenance_status();
         Claim {
@@ -73,6 +83,7 @@ impl Claim {
     }
 }
 
+/// The owner a NodeMaintenance is known by in claims, quarantines and drains.
 pub fn owner_of<M: MaintenanceObject>(m: &M) -> String {
     format!("{}/{}", M::GROUP, m.name_any())
 }
@@ -85,7 +96,9 @@ pub type AllClaims = Arc<dyn Fn() -> Vec<Claim> + Send + Sync>;
 /// The per-node lease as found.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LeaseState {
+    /// This operator holds it.
     Ours,
+    /// Another tool holds it (its holder identity).
     HeldBy(String),
 }
 
@@ -93,25 +106,41 @@ pub enum LeaseState {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     /// Impossible as asked: phase Failed, nothing is done to the node.
-    Fail { reason: &'static str, message: String },
+    Fail {
+        /// The condition's reason.
+        reason: &'static str,
+        /// The condition's message.
+        message: String,
+    },
     /// Not yet (another tool holds the node's lease, or too many nodes are in
     /// maintenance): phase Running, retried.
-    Wait { reason: &'static str, message: String },
+    Wait {
+        /// The condition's reason.
+        reason: &'static str,
+        /// The condition's message.
+        message: String,
+    },
     /// Quarantine the node and drain it.
     Drain,
 }
 
 /// Facts for [`decide`], gathered by the reconciler.
 pub struct Facts<'a> {
+    /// The maintenance deciding.
     pub owner: &'a str,
+    /// The node it names.
     pub node_name: &'a str,
+    /// Whether that node exists.
     pub node_exists: bool,
     /// The other NodeMaintenances of the same node.
     pub others: &'a [Claim],
+    /// When the maintenance was created.
     pub created: Option<Timestamp>,
+    /// Its spec.drainTimeout as written.
     pub drain_timeout: Option<&'a str>,
     /// Some(false) when the concurrency limit keeps this one waiting.
     pub admitted: bool,
+    /// The node's lease, once asked for (only when everything else allows the drain).
     pub lease: Option<LeaseState>,
 }
 
@@ -124,6 +153,7 @@ fn first_claim<'a>(owner: &str, created: Option<Timestamp>, others: &'a [Claim])
         .min_by(|a, b| (a.created, &a.owner).cmp(&(b.created, &b.owner)))
 }
 
+/// What a maintenance should do given the facts (pure; table-tested).
 pub fn decide(f: &Facts) -> Decision {
     if let Some(t) = f.drain_timeout
         && parse_duration(t).is_none()
@@ -288,6 +318,7 @@ fn phase_event(prev: Option<MaintenancePhase>, next: MaintenancePhase) -> Option
     }
 }
 
+/// NodeMaintenance settings of the operator.
 #[derive(Clone, Debug)]
 pub struct MaintenanceConfig {
     /// Nodes in maintenance at once (None: no limit).
@@ -307,17 +338,33 @@ impl Default for MaintenanceConfig {
 
 /// What both groups' reconcilers share.
 pub struct MaintenanceContext {
+    /// The API client.
     pub client: Client,
+    /// This replica's leadership, checked before anything disruptive.
     pub leader: LeaderHandle,
+    /// The drains, shared by both API groups.
     pub engine: DrainEngine,
+    /// Publishes the maintenance Events.
     pub recorder: Recorder,
+    /// The managed Nodes.
     pub nodes: Store<Node>,
+    /// Claims on one node, from both groups.
     pub claims_of: ClaimsOf,
+    /// Every claim, from both groups.
     pub all_claims: AllClaims,
+    /// Limits and the lease namespace.
     pub config: MaintenanceConfig,
+    /// Drain metrics.
     pub metrics: Metrics,
     /// Owners admitted under the concurrency limit (rebuilt from the stores).
     admitted: Mutex<BTreeSet<String>>,
+    /// The per-node leases as this process last saw them (by node name).
+    observed_leases: Mutex<HashMap<String, Observed>>,
+}
+
+/// The observed leases, whatever a panic elsewhere left behind.
+fn lock_map(map: &Mutex<HashMap<String, Observed>>) -> std::sync::MutexGuard<'_, HashMap<String, Observed>> {
+    lock(map)
 }
 
 impl MaintenanceContext {
@@ -354,7 +401,9 @@ impl MaintenanceContext {
 
 /// The reconciler of one group's NodeMaintenances.
 pub struct NodeMaintenanceReconciler<M: MaintenanceObject> {
+    /// What both groups share.
     pub ctx: Arc<MaintenanceContext>,
+    /// This group's NodeMaintenances.
     pub store: Store<M>,
     /// This controller's queue, so a drain's progress re-enqueues its
     /// NodeMaintenance.
@@ -665,84 +714,77 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         }
     }
 
-    /// Takes or renews `node-<name>` in the lease namespace.
-    async fn take_lease(&self, node_name: &str) -> Result<LeaseState> {
-        let ns = &self.ctx.config.lease_namespace;
-        let leases: Api<Lease> = Api::namespaced(self.ctx.client.clone(), ns);
-        let name = format!("node-{node_name}");
-        let now = Timestamp::now();
-        let fresh = |rv: Option<String>, transitions: Option<i32>| Lease {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.clone()),
-                resource_version: rv,
-                ..Default::default()
-            },
-            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-                holder_identity: Some(LEASE_HOLDER.into()),
-                lease_duration_seconds: Some(LEASE_SECONDS),
-                acquire_time: Some(MicroTime(now)),
-                renew_time: Some(MicroTime(now)),
-                lease_transitions: transitions,
-                ..Default::default()
-            }),
-        };
-        let Some(existing) = leases.get_opt(&name).await? else {
-            self.ensure_namespace(ns).await?;
-            leases
-                .create(&PostParams::default(), &fresh(None, Some(0)))
-                .await?;
-            return Ok(LeaseState::Ours);
-        };
-        let spec = existing.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().unwrap_or_default();
-        let renewed = spec
-            .renew_time
-            .as_ref()
-            .or(spec.acquire_time.as_ref())
-            .map(|t| t.0);
-        let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-        let expired = renewed.is_none_or(|t| t.as_second() + duration < now.as_second());
-        if holder == LEASE_HOLDER {
-            if renewed.is_none_or(|t| now.as_second() - t.as_second() > i64::from(LEASE_SECONDS) / 2) {
-                let mut renewed = existing.clone();
-                if let Some(s) = renewed.spec.as_mut() {
-                    s.renew_time = Some(MicroTime(now));
-                }
-                leases.replace(&name, &PostParams::default(), &renewed).await?;
-            }
-            return Ok(LeaseState::Ours);
-        }
-        if !holder.is_empty() && !expired {
-            return Ok(LeaseState::HeldBy(holder));
-        }
-        let transitions = spec.lease_transitions.unwrap_or(0) + 1;
-        leases
-            .replace(
-                &name,
-                &PostParams::default(),
-                &fresh(existing.metadata.resource_version.clone(), Some(transitions)),
-            )
-            .await?;
-        Ok(LeaseState::Ours)
+    /// The per-node lease `node-<name>` in the lease namespace.
+    fn node_lease(&self, node_name: &str) -> KubeLeaseLock {
+        KubeLeaseLock::new(
+            self.ctx.client.clone(),
+            &self.ctx.config.lease_namespace,
+            &format!("node-{node_name}"),
+        )
     }
 
-    async fn release_lease(&self, node_name: &str) -> Result<()> {
-        let leases: Api<Lease> = Api::namespaced(self.ctx.client.clone(), &self.ctx.config.lease_namespace);
-        let name = format!("node-{node_name}");
-        let Some(lease) = leases.get_opt(&name).await? else {
-            return Ok(());
+    /// Takes or renews the node's lease. Another holder's lease counts as
+    /// expired only its duration after this process saw it last change
+    /// (the one Lease rule, see `runtime::lease`), never by the wall clock.
+    async fn take_lease(&self, node_name: &str) -> Result<LeaseState> {
+        let lock = self.node_lease(node_name);
+        let now = Instant::now();
+        let fallback = Duration::from_secs(LEASE_SECONDS as u64);
+        let Some(record) = lock.get().await? else {
+            self.ensure_namespace(&self.ctx.config.lease_namespace).await?;
+            let mut spec = holding_spec(
+                &LeaseSpec::default(),
+                LEASE_HOLDER,
+                LEASE_SECONDS,
+                Timestamp::now(),
+            );
+            spec.lease_transitions = Some(0);
+            return Ok(match lock.create(spec).await? {
+                Written::Done(_) => LeaseState::Ours,
+                Written::Conflict => LeaseState::HeldBy("a writer that created it first".into()),
+            });
         };
-        if lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) != Some(LEASE_HOLDER) {
-            return Ok(());
+        let previous = lock_map(&self.ctx.observed_leases).remove(node_name);
+        let observed = Observed::next(previous, record.spec, record.resource_version, now);
+        let ours = observed.holder() == Some(LEASE_HOLDER);
+        // Our own lease is renewed once half its duration has passed.
+        let fresh = ours && now.saturating_duration_since(observed.at) < fallback / 2;
+        if fresh || !observed.available_to(LEASE_HOLDER, fallback, now) {
+            let state = if ours {
+                LeaseState::Ours
+            } else {
+                LeaseState::HeldBy(observed.holder().unwrap_or_default().to_owned())
+            };
+            lock_map(&self.ctx.observed_leases).insert(node_name.to_owned(), observed);
+            return Ok(state);
         }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                resource_version: lease.metadata.resource_version.clone(),
-                uid: None,
-            }),
-            ..Default::default()
+        let spec = holding_spec(&observed.spec, LEASE_HOLDER, LEASE_SECONDS, Timestamp::now());
+        match lock.update(&observed.resource_version, spec).await? {
+            Written::Done(record) => {
+                let mine = Observed::next(None, record.spec, record.resource_version, Instant::now());
+                lock_map(&self.ctx.observed_leases).insert(node_name.to_owned(), mine);
+                Ok(LeaseState::Ours)
+            }
+            Written::Conflict => Ok(LeaseState::HeldBy(
+                observed
+                    .holder()
+                    .unwrap_or("a writer that changed it first")
+                    .to_owned(),
+            )),
+        }
+    }
+
+    /// Deletes the node's lease if it is ours.
+    async fn release_lease(&self, node_name: &str) -> Result<()> {
+        lock_map(&self.ctx.observed_leases).remove(node_name);
+        let lock = self.node_lease(node_name);
+        let Some(record) = lock.get().await? else {
+            return Ok(());
         };
-        super::delete_if_present(&leases, &name, &params).await.map(drop)
+        if record.spec.holder_identity.as_deref() == Some(LEASE_HOLDER) {
+            lock.delete(&record.resource_version).await?;
+        }
+        Ok(())
     }
 
     async fn ensure_namespace(&self, ns: &str) -> Result<()> {
@@ -810,6 +852,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         config: app.maintenance.clone(),
         metrics: app.metrics.clone(),
         admitted: Mutex::new(BTreeSet::new()),
+        observed_leases: Mutex::default(),
     });
     register_group::<medik8s::NodeMaintenance>(manager, app, "nodemaintenance", &ctx);
     register_group::<kubevirt::NodeMaintenance>(manager, app, "nodemaintenance-kubevirt", &ctx);

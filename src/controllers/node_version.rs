@@ -47,8 +47,11 @@ use crate::telemetry::trace::{
     TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent,
 };
 
+/// On a Node: the ID of its scaling group (Constellation's).
 pub const GROUP_ANNOTATION: &str = "constellation.edgeless.systems/scaling-group-id";
+/// On a Node: the image its instance runs (Constellation's).
 pub const IMAGE_ANNOTATION: &str = "constellation.edgeless.systems/node-image";
+/// On a Node: its Kubernetes components reference (Constellation's).
 pub const COMPONENTS_ANNOTATION: &str = "constellation.edgeless.systems/kubernetes-components";
 /// On a donor: the name of its heir.
 pub const HEIR_ANNOTATION: &str = "constellation.edgeless.systems/heir";
@@ -111,14 +114,23 @@ pub fn register(manager: &mut Manager, app: &App) {
 
 /// Replaces outdated nodes of one NodeVersion (see the module docs).
 pub struct NodeVersionReconciler {
+    /// The API client.
     pub client: Client,
+    /// The cloud that creates and deletes instances.
     pub cloud: Arc<dyn CloudProvider>,
+    /// This replica's leadership, checked before anything disruptive.
     pub leader: LeaderHandle,
+    /// The ScalingGroups.
     pub groups: Store<ScalingGroup>,
+    /// The managed Nodes.
     pub nodes: Store<Node>,
+    /// The PendingNodes that track joining and leaving instances.
     pub pending: Store<PendingNode>,
+    /// The NodeMaintenances (the rollout drains through them).
     pub maintenances: Store<medik8s::NodeMaintenance>,
+    /// The autoscaler's strategies (paused during a rollout).
     pub strategies: Store<AutoscalingStrategy>,
+    /// Rollout metrics.
     pub metrics: Metrics,
 }
 

@@ -26,11 +26,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::Api;
-use kube::api::PostParams;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
@@ -38,16 +36,8 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::runtime::rate_limiter::lock;
 
-/// Why one attempt on the Lease failed (logged; the loop tries again).
-#[derive(Debug, thiserror::Error)]
-pub enum LeaseError {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("lease {lease} did not answer within {after:?}")]
-    Timeout { lease: String, after: Duration },
-    #[error("lease {lease} has no metadata.resourceVersion: it cannot be written conditionally")]
-    NoResourceVersion { lease: String },
-}
+pub use super::lease::LeaseError;
+use super::lease::{KubeLeaseLock, LeaseLock, LeaseRecord, Observed, Written, holding_spec};
 
 type Result<T, E = LeaseError> = std::result::Result<T, E>;
 
@@ -64,7 +54,9 @@ const JITTER_FACTOR: f64 = 1.2;
 /// Timing and identity of one candidate. `new` gives client-go's defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderElectionConfig {
+    /// Namespace of the Lease.
     pub namespace: String,
+    /// Name of the Lease.
     pub lease_name: String,
     /// Must be unique per process (e.g. pod name plus a random suffix): two
     /// processes with one identity would both consider themselves the holder.
@@ -184,6 +176,7 @@ impl LeaderHandle {
         self.shared.leading.subscribe()
     }
 
+    /// The identity this replica writes into the Lease.
     pub fn identity(&self) -> &str {
         &self.shared.identity
     }
@@ -200,76 +193,6 @@ enum Attempt {
     Conflict,
 }
 
-/// The record as this candidate last saw it, and when (by the local clock) it
-/// last saw it change.
-#[derive(Clone, Debug)]
-struct Observed {
-    spec: LeaseSpec,
-    resource_version: String,
-    at: Instant,
-}
-
-impl Observed {
-    /// Folds a fresh read into the previous observation: the expiry clock
-    /// restarts only when the record changed.
-    fn next(previous: Option<Observed>, spec: LeaseSpec, resource_version: String, now: Instant) -> Self {
-        match previous {
-            Some(p) if p.spec == spec && p.resource_version == resource_version => p,
-            _ => Observed {
-                spec,
-                resource_version,
-                at: now,
-            },
-        }
-    }
-
-    fn holder(&self) -> Option<&str> {
-        self.spec.holder_identity.as_deref().filter(|h| !h.is_empty())
-    }
-
-    /// `fallback` stands in for a missing or nonsensical leaseDurationSeconds.
-    fn expires_at(&self, fallback: Duration) -> Instant {
-        let secs = self
-            .spec
-            .lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok());
-        self.at + secs.filter(|s| *s > 0).map_or(fallback, Duration::from_secs)
-    }
-
-    /// May `identity` write itself into the lease at `now`? Yes if it is free
-    /// (released), already ours, or expired by our clock.
-    fn available_to(&self, identity: &str, fallback: Duration, now: Instant) -> bool {
-        match self.holder() {
-            None => true,
-            Some(holder) if holder == identity => true,
-            Some(_) => now >= self.expires_at(fallback),
-        }
-    }
-}
-
-/// The record that makes `identity` the holder, following client-go: a new
-/// holder counts a transition and sets acquireTime; a renewal keeps both.
-fn holding_spec(current: &LeaseSpec, identity: &str, lease_seconds: i32, now: Timestamp) -> LeaseSpec {
-    let renewing = current.holder_identity.as_deref() == Some(identity);
-    let transitions = current.lease_transitions.unwrap_or(0);
-    LeaseSpec {
-        holder_identity: Some(identity.to_owned()),
-        lease_duration_seconds: Some(lease_seconds),
-        renew_time: Some(MicroTime(now)),
-        acquire_time: match &current.acquire_time {
-            Some(t) if renewing => Some(t.clone()),
-            _ => Some(MicroTime(now)),
-        },
-        lease_transitions: Some(if renewing {
-            transitions
-        } else {
-            transitions.saturating_add(1)
-        }),
-        // Keep fields we do not manage (strategy, preferredHolder).
-        ..current.clone()
-    }
-}
-
 /// client-go's `wait.JitterUntil(retry, 1.2)`: uniform in `[retry, 2.2 × retry)`.
 fn jittered(retry: Duration) -> Duration {
     jitter(retry, rand::random::<f64>())
@@ -280,13 +203,9 @@ fn jitter(retry: Duration, unit: f64) -> Duration {
     retry.mul_f64(1.0 + JITTER_FACTOR * unit)
 }
 
-fn is_conflict(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 409)
-}
-
 /// One candidate for leadership. Create it, hand out [`LeaderHandle`]s, then `run` it.
 pub struct LeaderElector {
-    api: Api<Lease>,
+    lock: Box<dyn LeaseLock>,
     config: LeaderElectionConfig,
     shared: Arc<Shared>,
     observed: Option<Observed>,
@@ -295,6 +214,12 @@ pub struct LeaderElector {
 impl LeaderElector {
     /// Fails when the config would break the guarantees (see [`LeaderElectionConfig::validate`]).
     pub fn new(client: kube::Client, config: LeaderElectionConfig) -> Result<Self, ConfigError> {
+        let lock = KubeLeaseLock::new(client, &config.namespace, &config.lease_name);
+        Self::with_lock(Box::new(lock), config)
+    }
+
+    /// A candidate on any [`LeaseLock`] (an in-memory one in unit tests).
+    pub fn with_lock(lock: Box<dyn LeaseLock>, config: LeaderElectionConfig) -> Result<Self, ConfigError> {
         config.validate()?;
         let shared = Arc::new(Shared {
             identity: config.identity.clone(),
@@ -302,13 +227,14 @@ impl LeaderElector {
             leading: watch::Sender::new(false),
         });
         Ok(LeaderElector {
-            api: Api::namespaced(client, &config.namespace),
+            lock,
             config,
             shared,
             observed: None,
         })
     }
 
+    /// A handle for the code that acts while leading.
     pub fn handle(&self) -> LeaderHandle {
         LeaderHandle {
             shared: Arc::clone(&self.shared),
@@ -338,7 +264,7 @@ impl LeaderElector {
     }
 
     fn lease_ref(&self) -> String {
-        format!("{}/{}", self.config.namespace, self.config.lease_name)
+        self.lock.describe()
     }
 
     /// Tries until the lease is ours; returns when the successful attempt
@@ -427,15 +353,13 @@ impl LeaderElector {
     }
 
     async fn try_acquire_or_renew(&mut self) -> Result<Attempt> {
-        let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
+        let Some(record) = self.lock.get().await? else {
             return self.create().await;
         };
         let now = Instant::now();
-        let resource_version = self.resource_version(&lease)?;
-        let spec = lease.spec.clone().unwrap_or_default();
         let previous = self.observed.take();
         let previous_holder = previous.as_ref().and_then(|p| p.holder().map(str::to_owned));
-        let observed = Observed::next(previous, spec, resource_version, now);
+        let observed = Observed::next(previous, record.spec, record.resource_version, now);
         if observed.holder() != previous_holder.as_deref() {
             let holder = observed.holder().unwrap_or("<none>");
             info!(holder, "lease holder changed");
@@ -451,31 +375,20 @@ impl LeaderElector {
             self.observed = Some(observed);
             return Ok(attempt);
         }
-        // The lease keeps the resourceVersion we read: `replace` is a PUT the
-        // API server rejects with 409 if anyone wrote in between.
-        lease.spec = Some(holding_spec(
+        let spec = holding_spec(
             &observed.spec,
             identity,
             self.config.lease_seconds(),
             Timestamp::now(),
-        ));
+        );
+        let resource_version = observed.resource_version.clone();
         self.observed = Some(observed);
-        match self
-            .api
-            .replace(&self.config.lease_name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(written) => {
-                self.remember(written)?;
-                Ok(Attempt::Held)
-            }
-            Err(err) if is_conflict(&err) => Ok(Attempt::Conflict),
-            Err(err) => Err(err.into()),
-        }
+        let written = self.lock.update(&resource_version, spec).await?;
+        Ok(self.remember(written))
     }
 
-    /// The lease does not exist yet: create it holding it (409 if another
-    /// candidate created it first).
+    /// The lease does not exist yet: create it holding it (a conflict if
+    /// another candidate created it first).
     async fn create(&mut self) -> Result<Attempt> {
         let mut spec = holding_spec(
             &LeaseSpec::default(),
@@ -484,45 +397,26 @@ impl LeaderElector {
             Timestamp::now(),
         );
         spec.lease_transitions = Some(0);
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(self.config.lease_name.clone()),
-                namespace: Some(self.config.namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(spec),
-        };
-        match self.api.create(&PostParams::default(), &lease).await {
-            Ok(created) => {
-                self.remember(created)?;
-                Ok(Attempt::Held)
-            }
-            Err(err) if is_conflict(&err) => Ok(Attempt::Conflict),
-            Err(err) => Err(err.into()),
-        }
+        let written = self.lock.create(spec).await?;
+        Ok(self.remember(written))
     }
 
     /// Records our own successful write as the latest observation.
-    fn remember(&mut self, written: Lease) -> Result<()> {
-        let resource_version = self.resource_version(&written)?;
-        self.observed = Some(Observed {
-            spec: written.spec.unwrap_or_default(),
-            resource_version,
-            at: Instant::now(),
-        });
-        Ok(())
-    }
-
-    /// A lease without resourceVersion cannot be written conditionally: refuse it.
-    fn resource_version(&self, lease: &Lease) -> Result<String> {
-        lease
-            .metadata
-            .resource_version
-            .clone()
-            .filter(|rv| !rv.is_empty())
-            .ok_or_else(|| LeaseError::NoResourceVersion {
-                lease: self.lease_ref(),
-            })
+    fn remember(&mut self, written: Written) -> Attempt {
+        match written {
+            Written::Done(LeaseRecord {
+                spec,
+                resource_version,
+            }) => {
+                self.observed = Some(Observed {
+                    spec,
+                    resource_version,
+                    at: Instant::now(),
+                });
+                Attempt::Held
+            }
+            Written::Conflict => Attempt::Conflict,
+        }
     }
 
     /// Hands the lease over at once if it names us: no holder, 1 s duration.
@@ -532,34 +426,30 @@ impl LeaderElector {
         match timeout(limit, self.try_release()).await {
             Ok(Ok(true)) => info!("released the lease"),
             Ok(Ok(false)) => {}
-            Ok(Err(LeaseError::Kube(err))) if is_conflict(&err) => {
-                info!("lease changed before it could be released")
-            }
             Ok(Err(err)) => warn!(error = %err, "could not release the lease; {LATER}"),
             Err(_) => warn!("releasing the lease timed out after {limit:?}; {LATER}"),
         }
     }
 
     async fn try_release(&self) -> Result<bool> {
-        let Some(mut lease) = self.api.get_opt(&self.config.lease_name).await? else {
+        let Some(mut record) = self.lock.get().await? else {
             return Ok(false);
         };
-        self.resource_version(&lease)?;
-        let Some(spec) = lease.spec.as_mut() else {
-            return Ok(false);
-        };
-        if spec.holder_identity.as_deref() != Some(self.shared.identity.as_str()) {
+        if record.spec.holder_identity.as_deref() != Some(self.shared.identity.as_str()) {
             return Ok(false);
         }
         let now = MicroTime(Timestamp::now());
-        spec.holder_identity = None;
-        spec.lease_duration_seconds = Some(1);
-        spec.acquire_time = Some(now.clone());
-        spec.renew_time = Some(now);
-        self.api
-            .replace(&self.config.lease_name, &PostParams::default(), &lease)
-            .await?;
-        Ok(true)
+        record.spec.holder_identity = None;
+        record.spec.lease_duration_seconds = Some(1);
+        record.spec.acquire_time = Some(now.clone());
+        record.spec.renew_time = Some(now);
+        match self.lock.update(&record.resource_version, record.spec).await? {
+            Written::Done(_) => Ok(true),
+            Written::Conflict => {
+                info!("lease changed before it could be released");
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -715,5 +605,151 @@ mod tests {
         assert_eq!(handle.ensure_leader(), Err(NotLeader));
         shared.stop_leading();
         assert!(!*handle.subscribe().borrow());
+    }
+
+    /// An in-memory Lease shared by candidates; each candidate's handle on it
+    /// can be cut off (its calls then hang, as over a dead connection).
+    #[derive(Clone, Default)]
+    struct FakeLock {
+        record: Arc<Mutex<Option<LeaseRecord>>>,
+        cut: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl FakeLock {
+        /// Another candidate's handle on the same Lease.
+        fn peer(&self) -> FakeLock {
+            FakeLock {
+                record: self.record.clone(),
+                cut: Arc::default(),
+            }
+        }
+
+        async fn reachable(&self) {
+            if self.cut.load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+        }
+
+        fn write(&self, expected: Option<&str>, spec: LeaseSpec) -> Written {
+            let mut record = lock(&self.record);
+            if record.as_ref().map(|r| r.resource_version.as_str()) != expected {
+                return Written::Conflict;
+            }
+            let version = record
+                .as_ref()
+                .and_then(|r| r.resource_version.parse::<u64>().ok())
+                .unwrap_or(0)
+                + 1;
+            let written = LeaseRecord {
+                spec,
+                resource_version: version.to_string(),
+            };
+            *record = Some(written.clone());
+            Written::Done(written)
+        }
+    }
+
+    impl LeaseLock for FakeLock {
+        fn describe(&self) -> String {
+            "fake/lease".into()
+        }
+        fn get(&self) -> futures::future::BoxFuture<'_, Result<Option<LeaseRecord>>> {
+            Box::pin(async move {
+                self.reachable().await;
+                Ok(lock(&self.record).clone())
+            })
+        }
+        fn create(&self, spec: LeaseSpec) -> futures::future::BoxFuture<'_, Result<Written>> {
+            Box::pin(async move {
+                self.reachable().await;
+                Ok(self.write(None, spec))
+            })
+        }
+        fn update<'a>(
+            &'a self,
+            rv: &'a str,
+            spec: LeaseSpec,
+        ) -> futures::future::BoxFuture<'a, Result<Written>> {
+            Box::pin(async move {
+                self.reachable().await;
+                Ok(self.write(Some(rv), spec))
+            })
+        }
+        fn delete<'a>(&'a self, rv: &'a str) -> futures::future::BoxFuture<'a, Result<bool>> {
+            Box::pin(async move {
+                self.reachable().await;
+                let mut record = lock(&self.record);
+                let ours = record.as_ref().is_some_and(|r| r.resource_version == rv);
+                if ours {
+                    *record = None;
+                }
+                Ok(ours)
+            })
+        }
+    }
+
+    fn candidate(lock: FakeLock, identity: &str) -> LeaderElector {
+        let mut config = LeaderElectionConfig::new("ns", "lease", identity);
+        config.lease_duration = Duration::from_secs(3);
+        config.renew_deadline = Duration::from_secs(2);
+        config.retry_period = Duration::from_millis(500);
+        LeaderElector::with_lock(Box::new(lock), config).expect("a valid config")
+    }
+
+    /// Two candidates on one Lease, the leader then cut off: at no sampled
+    /// moment do both lead, and the standby takes over once the cut-off
+    /// leader's lease has run out by the standby's own clock.
+    #[tokio::test(start_paused = true)]
+    async fn one_leader_at_a_time_and_a_cut_off_leader_is_replaced() {
+        let a_lock = FakeLock::default();
+        let b_lock = a_lock.peer();
+        let (a, b) = (candidate(a_lock.clone(), "a"), candidate(b_lock.clone(), "b"));
+        let (a_handle, b_handle) = (a.handle(), b.handle());
+        let stop = CancellationToken::new();
+        let tasks = [
+            tokio::spawn(a.run(stop.clone())),
+            tokio::spawn(b.run(stop.clone())),
+        ];
+        let sample = |until: Duration| {
+            let (a, b) = (a_handle.clone(), b_handle.clone());
+            async move {
+                let end = Instant::now() + until;
+                while Instant::now() < end {
+                    assert!(!(a.is_leader() && b.is_leader()), "two leaders at once");
+                    sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        sample(Duration::from_secs(10)).await;
+        let (leader, standby, cut) = match (a_handle.is_leader(), b_handle.is_leader()) {
+            (true, false) => (&a_handle, &b_handle, &a_lock.cut),
+            (false, true) => (&b_handle, &a_handle, &b_lock.cut),
+            seen => panic!("expected one leader, saw {seen:?}"),
+        };
+        let leader = leader.clone();
+        cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        let cut_at = Instant::now();
+        while !standby.is_leader() {
+            assert!(
+                !(leader.is_leader() && standby.is_leader()),
+                "two leaders at once"
+            );
+            sleep(Duration::from_millis(50)).await;
+            assert!(
+                cut_at.elapsed() < Duration::from_secs(20),
+                "the standby never took over"
+            );
+        }
+        assert!(!leader.is_leader(), "the cut-off leader still thinks it leads");
+        assert!(
+            cut_at.elapsed() >= Duration::from_secs(2),
+            "taken over after {:?}: before the lease could run out",
+            cut_at.elapsed()
+        );
+        sample(Duration::from_secs(5)).await;
+        stop.cancel();
+        for task in tasks {
+            task.abort();
+        }
     }
 }

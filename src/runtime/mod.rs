@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod controller;
 pub mod error;
 pub mod leader;
+pub mod lease;
 pub mod manager;
 pub mod metrics;
 pub mod rate_limiter;
