@@ -28,8 +28,9 @@ test: lint check-crds
     e2e/jaeger/build.sh >/dev/null
     cargo test --all-targets
 
-# rustfmt check and clippy with warnings denied.
+# shellcheck (pinned, cached outside the repository) on the e2e and CI scripts; rustfmt check and clippy with warnings denied.
 lint:
+    e2e/tools/shellcheck.sh --external-sources $(find e2e -name '*.sh' | sort) .ci/run
     cargo fmt --all -- --check
     cargo clippy --all-targets -- -D warnings
 

@@ -1,6 +1,85 @@
-# Process and port helpers shared by e2e/controlplane/cluster.sh, e2e/jaeger/run.sh
-# and e2e/demo/demo.sh (sourced, not run). The sourcing script defines log and die.
+# Helpers shared by the e2e scripts (sourced, not run): messages (say, log, die),
+# polling (retry_until, wait_started), ports and processes (free_ports, alive,
+# pid_from_file, stop_pid) and the leader's Lease (lease_holder). Sourced by
+# e2e/controlplane/cluster.sh, e2e/jaeger/run.sh, e2e/demo/demo.sh and, through
+# e2e/kind/lib.sh, the kind scripts.
 # shellcheck shell=bash
+
+# --- messages -------------------------------------------------------------------
+# The sourcing script sets log_tag to its name (cluster, jaeger, demo, ...) and, to
+# stamp each line with the seconds since a start instead (e2e/kind), log_since to
+# that start (epoch seconds).
+#   say MESSAGE...  progress on stdout: "==> MESSAGE" (bold on a terminal);
+#                   with log_since "[TAG   Ns] MESSAGE"
+#   log MESSAGE...  a line on stderr: "TAG: MESSAGE"; with log_since "[TAG   Ns] MESSAGE"
+#   die MESSAGE...  log MESSAGE (with log_since: "FAILED: MESSAGE") and exit 1
+
+# log_stamp: what starts a log line ("TAG:" or "[TAG   Ns]").
+log_stamp() {
+  if [ -n "${log_since:-}" ]; then
+    printf '[%s %4ds]' "${log_tag:-${0##*/}}" "$(($(date +%s) - log_since))"
+  else
+    printf '%s:' "${log_tag:-${0##*/}}"
+  fi
+}
+
+say() {
+  if [ -n "${log_since:-}" ]; then
+    printf '%s %s\n' "$(log_stamp)" "$*"
+  elif [ -t 1 ]; then
+    printf '\033[1m==>\033[0m %s\n' "$*"
+  else
+    printf '==> %s\n' "$*"
+  fi
+}
+
+log() { printf '%s %s\n' "$(log_stamp)" "$*" >&2; }
+
+die() {
+  log "${log_since:+FAILED: }$*"
+  exit 1
+}
+
+# --- polling --------------------------------------------------------------------
+
+# retry_until SECONDS DESCRIPTION CMD...: runs CMD (quietly) every poll_interval
+# seconds (default 2; the sourcing script may set it) until it succeeds; after
+# SECONDS runs it once more with its output shown and dies: "timed out after
+# SECONDSs waiting for DESCRIPTION".
+retry_until() {
+  local timeout=$1 what=$2 deadline
+  shift 2
+  deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      "$@" >&2 || true
+      die "timed out after ${timeout}s waiting for $what"
+    fi
+    sleep "${poll_interval:-2}"
+  done
+}
+
+# wait_started NAME PID_FILE LOG_FILE CHECK...: polls CHECK (quietly) every 0.2 s for
+# up to 120 s while the process PID_FILE records lives. When the process dies or
+# CHECK never passes: logs so with the last lines of LOG_FILE and returns 1.
+wait_started() {
+  local name=$1 pid_file=$2 log_file=$3 why="did not become ready within 120 s" _
+  shift 3
+  for _ in $(seq 1 600); do
+    # Not pid_from_file: right after fork the process is still setsid, not NAME.
+    if ! alive "$(cat "$pid_file")"; then
+      why="died during start-up"
+      break
+    fi
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  log "$name $why; last lines of $log_file:"
+  tail -n 30 "$log_file" >&2 || true
+  return 1
+}
+
+# --- ports and processes --------------------------------------------------------
 
 # free_ports N: N distinct free loopback ports below the kernel's ephemeral range, so
 # that no outgoing connection can take one while a process (re)starts on it.
@@ -66,4 +145,16 @@ stop_pid() {
   rm -f "$file"
   # shellcheck disable=SC2034 # read by the sourcing script
   stopped_pid=$pid
+}
+
+# --- the leader -----------------------------------------------------------------
+
+# lease_holder NAMESPACE NAME [KUBECTL...]: the holderIdentity of the Lease NAMESPACE/NAME,
+# empty when it has none, does not exist or the API does not answer. KUBECTL is the
+# command to ask with (default kubectl; e.g. a function adding --kubeconfig).
+lease_holder() {
+  local ns=$1 name=$2
+  shift 2
+  [ "$#" -gt 0 ] || set -- kubectl
+  "$@" -n "$ns" get lease "$name" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true
 }

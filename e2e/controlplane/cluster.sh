@@ -20,9 +20,8 @@ components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 wanted=("${components[@]}")
 [ "${NODEWARDEN_API_ONLY:-0}" = 1 ] && wanted=(etcd kube-apiserver)
 
-log() { echo "cluster: $*" >&2; }
-die() { log "$*"; exit 1; }
-# shellcheck source=e2e/lib.sh
+log_tag=cluster
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$here/../lib.sh"
 
 bin_dir() {
@@ -68,23 +67,10 @@ start() {
 # wait_healthy NAME CHECK-COMMAND...: polls until the check passes; a component that
 # dies or never becomes healthy is reported with the tail of its log.
 wait_healthy() {
-  local name=$1 i; shift
-  for i in $(seq 1 600); do
-    # Not pid_of: right after fork the process is still setsid, not the component.
-    if ! alive "$(cat "$run_dir/$name.pid")"; then
-      log "$name died during start-up; last lines of $run_dir/$name.log:"
-      tail -n 30 "$run_dir/$name.log" >&2 || true
-      return 1
-    fi
-    if "$@" >/dev/null 2>&1; then
-      log "$name is healthy (pid $(cat "$run_dir/$name.pid"))"
-      return 0
-    fi
-    sleep 0.2
-  done
-  log "$name did not become healthy within 120 s; last lines of $run_dir/$name.log:"
-  tail -n 30 "$run_dir/$name.log" >&2 || true
-  return 1
+  local name=$1
+  shift
+  wait_started "$name" "$run_dir/$name.pid" "$run_dir/$name.log" "$@" || return 1
+  log "$name is healthy (pid $(cat "$run_dir/$name.pid"))"
 }
 
 healthy_all() {

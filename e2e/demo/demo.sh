@@ -36,11 +36,9 @@ SYSTEM_NS=nodewarden-system LEASE=nodewarden
 REPLICAS=3
 ROLLOUT_TIMEOUT=${NODEWARDEN_DEMO_TIMEOUT:-600}
 
-say() { printf '\033[1m==>\033[0m %s\n' "$*"; }
-[ -t 1 ] || say() { printf '==> %s\n' "$*"; }
-log() { echo "demo: $*" >&2; }
-die() { log "$*"; exit 1; }
-# shellcheck source=e2e/lib.sh
+log_tag=demo
+poll_interval=0.5 # retry_until polls twice a second: the demo is watched live
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$here/../lib.sh"
 
 # stop_pidfile FILE: stops the nodewarden process FILE names (a replica or the sim-cloud).
@@ -232,20 +230,6 @@ spawn_replica() {
   echo $! >"$run/demo-$i.pid"
 }
 
-lease_holder() {
-  k -n "$SYSTEM_NS" get lease "$LEASE" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true
-}
-
-# wait_until DESCRIPTION SECONDS COMMAND...: polls COMMAND every 0.5 s.
-wait_until() {
-  local what=$1 limit=$2 deadline; shift 2
-  deadline=$((SECONDS + limit))
-  until "$@"; do
-    [ "$SECONDS" -lt "$deadline" ] || die "timed out after ${limit}s waiting for $what"
-    sleep 0.5
-  done
-}
-
 ready_nodes() {
   k get nodes -l "$LABEL" -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' 2>/dev/null |
     grep -c '^True$' || true
@@ -254,7 +238,7 @@ all_nodes_ready() { [ "$(ready_nodes)" -eq "$TOTAL" ]; }
 workload_available() {
   [ "$(k -n "$WORKLOAD_NS" get deploy "$WORKLOAD" -o jsonpath='{.status.availableReplicas}' 2>/dev/null)" = "$WORKLOAD_REPLICAS" ]
 }
-have_leader() { [ -n "$(lease_holder)" ]; }
+have_leader() { [ -n "$(lease_holder "$SYSTEM_NS" "$LEASE" k)" ]; }
 # The operator has seen every node on the current image (status written, Outdated=False).
 node_version_settled() {
   local out
@@ -272,11 +256,11 @@ cleanup() {
   if [ "$view_started" = 1 ] && [ -t 1 ]; then tput cnorm 2>/dev/null || true; fi
   if [ "$finished" != 1 ]; then
     echo
-    echo "demo: stopping the replicas and the sim-cloud (logs in $run)" >&2
+    log "stopping the replicas and the sim-cloud (logs in $run)"
   fi
   stop_demo_processes
   if [ "$finished" != 1 ] && [ "$interrupted" = 0 ]; then
-    echo "demo: failed; the control plane and Jaeger stay up for a look (KUBECONFIG=$NODEWARDEN_RUN_DIR/kubeconfig); 'just demo-down' stops them" >&2
+    log "failed; the control plane and Jaeger stay up for a look (KUBECONFIG=$NODEWARDEN_RUN_DIR/kubeconfig); 'just demo-down' stops them"
   elif [ "$finished" != 1 ]; then
     # Interrupted: stop what this run started; leave what it found running.
     if [ "$started_jaeger" = 1 ]; then "$repo/e2e/jaeger/run.sh" stop "$jaeger_dir" || true; fi
@@ -286,7 +270,7 @@ cleanup() {
     elif [ "$started_cluster" = 0 ]; then what="the control plane was"
     elif [ "$started_jaeger" = 0 ]; then what="Jaeger was"
     fi
-    if [ -n "$what" ]; then echo "demo: $what running before this demo and still run: 'just demo-down' stops them" >&2; fi
+    if [ -n "$what" ]; then log "$what running before this demo and still run: 'just demo-down' stops them"; fi
   fi
   exit "$rc"
 }
@@ -333,10 +317,10 @@ demo() {
 
   say "sim-cloud: $CP_NODES control-plane + $WORKER_NODES worker instances on $OLD_IMAGE, joining as kwok nodes"
   start_sim_cloud
-  wait_until "$TOTAL Ready nodes" 120 all_nodes_ready
+  retry_until 120 "$TOTAL Ready nodes" all_nodes_ready
   say "workload: Deployment $WORKLOAD_NS/$WORKLOAD ($WORKLOAD_REPLICAS pods on the workers), PodDisruptionBudget maxUnavailable 1"
   apply_workload
-  wait_until "the workload to be available" 120 workload_available
+  retry_until 120 "the workload to be available" workload_available
 
   say "NodeVersion $NV ($OLD_IMAGE) and ScalingGroups $CP_GROUP, $WORKER_GROUP"
   apply_node_version
@@ -344,9 +328,9 @@ demo() {
   say "starting $REPLICAS nodewarden replicas (demo-0..demo-$((REPLICAS - 1))) as ServiceAccount $SYSTEM_NS/nodewarden"
   local i
   for ((i = 0; i < REPLICAS; i++)); do spawn_replica "$i"; done
-  wait_until "a leader" 60 have_leader
-  wait_until "nodewarden to see every node on $OLD_IMAGE" 60 node_version_settled
-  say "leader: $(lease_holder); setup took $((SECONDS - t0)) s"
+  retry_until 60 "a leader" have_leader
+  retry_until 60 "nodewarden to see every node on $OLD_IMAGE" node_version_settled
+  say "leader: $(lease_holder "$SYSTEM_NS" "$LEASE" k); setup took $((SECONDS - t0)) s"
 
   # The view's settings (e2e/demo/view.py reads them from the environment).
   local ports="" tty=0
@@ -407,7 +391,7 @@ demo() {
   view_started=0
 
   # Before the replicas go: the leader's metrics, and the traces flushed to Jaeger.
-  leader=$(lease_holder)
+  leader=$(lease_holder "$SYSTEM_NS" "$LEASE" k)
   if [ -n "$leader" ]; then
     local port=""
     for ((i = 0; i < REPLICAS; i++)); do [ "demo-$i" = "$leader" ] && port=${http_ports[$i]}; done

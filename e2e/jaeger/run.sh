@@ -14,9 +14,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-log() { echo "jaeger: $*" >&2; }
-die() { log "$*"; exit 1; }
-# shellcheck source=e2e/lib.sh
+log_tag=jaeger
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$here/../lib.sh"
 
 usage() { die "usage: $0 start|stop <run-dir>"; }
@@ -121,23 +120,12 @@ start() {
   # setsid: jaeger outlives the shell that started it.
   setsid "$bin/jaeger" --config "file:$run_dir/config.yaml" >"$run_dir/jaeger.log" 2>&1 </dev/null &
   echo $! >"$run_dir/jaeger.pid"
-  for _ in $(seq 1 600); do
-    if ! alive "$(cat "$run_dir/jaeger.pid")"; then
-      log "jaeger died during start-up; last lines of $run_dir/jaeger.log:"
-      tail -n 30 "$run_dir/jaeger.log" >&2 || true
-      rm -f "$run_dir/jaeger.pid"
-      return 1
-    fi
-    if ready; then
-      log "ready (pid $(cat "$run_dir/jaeger.pid")): OTLP/HTTP 127.0.0.1:$otlp_port, query 127.0.0.1:$query_port"
-      return 0
-    fi
-    sleep 0.2
-  done
-  log "jaeger did not become ready within 120 s; last lines of $run_dir/jaeger.log:"
-  tail -n 30 "$run_dir/jaeger.log" >&2 || true
-  stop
-  return 1
+  if ! wait_started jaeger "$run_dir/jaeger.pid" "$run_dir/jaeger.log" ready; then
+    # Never ready: stopped; dead: only its pid file goes.
+    if stop_pid jaeger "$run_dir/jaeger.pid" jaeger; then log "stopped jaeger (pid $stopped_pid)"; fi
+    return 1
+  fi
+  log "ready (pid $(cat "$run_dir/jaeger.pid")): OTLP/HTTP 127.0.0.1:$otlp_port, query 127.0.0.1:$query_port"
 }
 
 case "$cmd" in

@@ -15,16 +15,19 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+log_tag=gen-kwok
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
+source "$here/../lib.sh"
 controlplane="$here/../controlplane"
 version=$(awk '$1=="sigs.k8s.io/kwok"{print $2}' "$controlplane/go.mod")
-[ -n "$version" ] || { echo "gen-kwok: sigs.k8s.io/kwok is not in $controlplane/go.mod" >&2; exit 1; }
+[ -n "$version" ] || die "sigs.k8s.io/kwok is not in $controlplane/go.mod"
 
 dir="$(go env GOMODCACHE)/sigs.k8s.io/kwok@${version}"
 if [ ! -d "$dir/kustomize" ]; then
   dir=$(cd "$controlplane" && GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kwok@${version}" |
     sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 fi
-[ -d "$dir/kustomize" ] || { echo "gen-kwok: cannot locate sigs.k8s.io/kwok@${version}" >&2; exit 1; }
+[ -d "$dir/kustomize" ] || die "cannot locate sigs.k8s.io/kwok@${version}"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -68,4 +71,4 @@ EOF
   kubectl kustomize "$tmp"
 } >"$here/kwok.yaml.tmp"
 mv "$here/kwok.yaml.tmp" "$here/kwok.yaml"
-echo "gen-kwok: wrote $here/kwok.yaml ($(grep -c '^kind:' "$here/kwok.yaml") objects)" >&2
+log "wrote $here/kwok.yaml ($(grep -c '^kind:' "$here/kwok.yaml") objects)"

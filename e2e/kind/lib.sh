@@ -1,20 +1,19 @@
-# Helpers shared by e2e/kind/run.sh and e2e/kind/suite.sh (sourced, not run).
+# Helpers shared by e2e/kind/run.sh and e2e/kind/suite.sh (sourced, not run), on
+# top of e2e/lib.sh (say, die, retry_until, lease_holder, ...), which this sources.
 # shellcheck shell=bash
+
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 E2E_CLUSTER=${E2E_CLUSTER:-nodewarden-e2e}
 E2E_NS=nodewarden-system
 E2E_START=${E2E_START:-$(date +%s)}
 export E2E_START
 
-# say MESSAGE...: a progress line with the seconds since the run started.
-say() {
-  printf '[e2e %4ds] %s\n' "$(($(date +%s) - E2E_START))" "$*"
-}
-
-die() {
-  printf '[e2e %4ds] FAILED: %s\n' "$(($(date +%s) - E2E_START))" "$*" >&2
-  exit 1
-}
+# say and die (e2e/lib.sh) start their lines with "[e2e   Ns]", the seconds since
+# the run started (run.sh's start, for suite.sh too); die's go on with "FAILED:".
+log_tag=e2e
+log_since=$E2E_START
 
 # need CMD HINT: fail with a clear message when CMD is not installed.
 need() {
@@ -26,22 +25,6 @@ need() {
 timing() {
   [ -n "${E2E_TIMINGS:-}" ] && printf '%s\t%s\n' "$1" "$2" >>"$E2E_TIMINGS"
   return 0
-}
-
-# retry_until TIMEOUT_SECONDS DESCRIPTION CMD...: runs CMD (quietly) every 2 s
-# until it succeeds; after TIMEOUT_SECONDS runs it once more with its output
-# shown and fails the run with DESCRIPTION.
-retry_until() {
-  local timeout=$1 what=$2 deadline
-  shift 2
-  deadline=$(($(date +%s) + timeout))
-  until "$@" >/dev/null 2>&1; do
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-      "$@" >&2 || true
-      die "timed out after ${timeout}s waiting for $what"
-    fi
-    sleep 2
-  done
 }
 
 # Background `kubectl port-forward` processes of this shell, stopped by

@@ -12,7 +12,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-# shellcheck source=e2e/kind/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$here/lib.sh"
 
 IMAGE=nodewarden:e2e
@@ -163,7 +163,7 @@ deploy_nodewarden() {
   local deadline holder pods
   deadline=$(($(date +%s) + 90))
   while :; do
-    holder=$(kubectl -n "$E2E_NS" get lease nodewarden -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)
+    holder=$(lease_holder "$E2E_NS" nodewarden)
     pods=" $(kubectl -n "$E2E_NS" get pods -l app.kubernetes.io/name=nodewarden \
       --field-selector=status.phase=Running -o jsonpath='{.items[*].metadata.name}') "
     if [ -n "$holder" ] && [[ "$pods" == *" $holder "* ]]; then

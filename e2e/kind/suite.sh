@@ -19,7 +19,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-# shellcheck source=e2e/kind/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$here/lib.sh"
 
 if [ -z "${KUBECONFIG:-}" ] && [ -s "$repo/.run/e2e-kind/kubeconfig" ]; then
@@ -69,10 +69,6 @@ trap cleanup EXIT
 
 results=()
 result() { results+=("$1"); say "ok: $1"; }
-
-lease_holder() {
-  kubectl -n "$E2E_NS" get lease nodewarden -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true
-}
 
 # --- preconditions --------------------------------------------------------
 say "checking that nodewarden (3 replicas), sim-cloud and kwok run"
@@ -248,7 +244,7 @@ while :; do
   fi
   done=0 current=0 line=""
   eval "$(python3 "$here/inspect.py" rollout "$tmp/nv.json" "$tmp/nodes.json" "$NEW_IMAGE" "$generation" "${original[@]}")"
-  holder=$(lease_holder)
+  holder=$(lease_holder "$E2E_NS" nodewarden)
   if [ -n "$killed" ] && [ -z "$failover" ] && [ -n "$holder" ] && [ "$holder" != "$killed" ]; then
     failover=$((now - kill_at))
     say "leader is now $holder (${failover}s after the kill)"
@@ -275,14 +271,14 @@ result "rollout complete in ${rollout_time}s: Outdated=False, all $TOTAL nodes R
 
 if [ -z "$failover" ]; then
   deadline=$(($(date +%s) + 60))
-  while holder=$(lease_holder); [ -z "$holder" ] || [ "$holder" = "$killed" ]; do
+  while holder=$(lease_holder "$E2E_NS" nodewarden); [ -z "$holder" ] || [ "$holder" = "$killed" ]; do
     [ "$(date +%s)" -lt "$deadline" ] || die "no replica took the lease over from $killed"
     sleep 1
   done
   failover=$(($(date +%s) - kill_at))
 fi
 timing "leader failover (lease taken by a standby)" "$failover"
-result "leader $killed killed mid-rollout; the lease moved to $(lease_holder) within ${failover}s"
+result "leader $killed killed mid-rollout; the lease moved to $(lease_holder "$E2E_NS" nodewarden) within ${failover}s"
 
 # --- 5. nothing left behind -------------------------------------------------
 say "checking that nothing was left behind"
@@ -310,7 +306,7 @@ result "every live sim-cloud instance is a Node and every Node a live instance"
 kubectl -n "$E2E_NS" rollout status deploy/nodewarden --timeout=120s >/dev/null
 ready_replicas=$(kubectl -n "$E2E_NS" get deploy nodewarden -o jsonpath='{.status.readyReplicas}')
 [ "$ready_replicas" = 3 ] || die "nodewarden has $ready_replicas Ready replicas, not 3"
-holder=$(lease_holder)
+holder=$(lease_holder "$E2E_NS" nodewarden)
 kubectl -n "$E2E_NS" get pod "$holder" >/dev/null 2>&1 || die "the lease holder '$holder' is not a running pod"
 result "nodewarden back to 3 Ready replicas, leader $holder"
 
