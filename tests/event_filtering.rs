@@ -18,7 +18,7 @@ use nodewarden::cloud::sim::SimProvider;
 use nodewarden::cloud::{
     CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup as CloudGroup,
 };
-use nodewarden::operator::{OperatorConfig, manager};
+use nodewarden::operator::manager;
 use nodewarden::telemetry::Metrics;
 use nodewarden::telemetry::metrics::ControllerLabels;
 use serde_json::json;
@@ -72,24 +72,7 @@ impl CloudProvider for Counted {
 /// does) for this test's nodes and objects, running until the token is cancelled.
 async fn start(env: &TestEnv, cloud: Arc<dyn CloudProvider>) -> (Metrics, CancellationToken) {
     support::install_crds(&env.client).await;
-    let mut leader = nodewarden::runtime::leader::LeaderElectionConfig::new(
-        env.namespace.clone(),
-        "nodewarden",
-        format!("{}-filtering", env.id),
-    );
-    leader.lease_duration = Duration::from_secs(3);
-    leader.renew_deadline = Duration::from_secs(2);
-    leader.retry_period = Duration::from_millis(500);
-    let config = OperatorConfig {
-        leader,
-        http_addr: "127.0.0.1:0".parse().expect("an address"),
-        node_selector: Some(env.run_selector()),
-        object_selector: Some(env.run_selector()),
-        maintenance: Default::default(),
-        workers: 4,
-        cloud: Some(cloud),
-        discover_scaling_groups: None,
-    };
+    let config = env.operator_config(Default::default(), Some(cloud), "filtering");
     let metrics = Metrics::new();
     let manager = manager(env.client.clone(), &config, &metrics).expect("a valid config");
     let stop = CancellationToken::new();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
-use nodewarden::runtime::reflector::{Event, Reflector, ReflectorConfig};
+use nodewarden::runtime::reflector::{Event, Reflector, ReflectorConfig, ReflectorStats};
 use nodewarden::runtime::store::Store;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -86,6 +86,35 @@ where
     .await
 }
 
+/// Runs `reflector` until its store is synced and a watch is running.
+async fn run_until_watching<K>(
+    reflector: Reflector<K>,
+) -> (
+    Store<K>,
+    Arc<ReflectorStats>,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, stats) = (reflector.store(), reflector.stats());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(reflector.run(shutdown.clone()));
+    tokio::time::timeout(Duration::from_secs(30), store.wait_synced())
+        .await
+        .expect("synced");
+    wait_for("a running watch", Duration::from_secs(10), || async {
+        if stats.watches.load(Ordering::Relaxed) > 0 {
+            Probe::Done(())
+        } else {
+            Probe::NotYet("no watch".into())
+        }
+    })
+    .await;
+    (store, stats, shutdown, task)
+}
+
 #[tokio::test]
 async fn store_equals_list_after_compaction_forces_410() {
     let env = TestEnv::new("reflector-410").await;
@@ -112,21 +141,8 @@ async fn store_equals_list_after_compaction_forces_410() {
     };
     let mut reflector = Reflector::new("configmaps", proxied, config);
     let deleted = record_deletions(&mut reflector);
-    let (store, stats) = (reflector.store(), reflector.stats());
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(reflector.run(shutdown.clone()));
-    tokio::time::timeout(Duration::from_secs(30), store.wait_synced())
-        .await
-        .expect("synced");
+    let (store, stats, shutdown, task) = run_until_watching(reflector).await;
     assert_eq!(store.len(), 30);
-    wait_for("a running watch", Duration::from_secs(10), || async {
-        if stats.watches.load(Ordering::Relaxed) > 0 {
-            Probe::Done(())
-        } else {
-            Probe::NotYet("no watch".into())
-        }
-    })
-    .await;
 
     // Disconnected: delete some, add some, change some; then compact etcd so
     // the reflector's last resourceVersion is gone.
@@ -218,20 +234,7 @@ async fn store_equals_list_after_apiserver_restart() {
     };
     let mut reflector = Reflector::new("nodes", proxied, config);
     let deleted = record_deletions(&mut reflector);
-    let (store, stats) = (reflector.store(), reflector.stats());
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(reflector.run(shutdown.clone()));
-    tokio::time::timeout(Duration::from_secs(30), store.wait_synced())
-        .await
-        .expect("synced");
-    wait_for("a running watch", Duration::from_secs(10), || async {
-        if stats.watches.load(Ordering::Relaxed) > 0 {
-            Probe::Done(())
-        } else {
-            Probe::NotYet("no watch".into())
-        }
-    })
-    .await;
+    let (store, stats, shutdown, task) = run_until_watching(reflector).await;
     let watches_before = stats.watches.load(Ordering::Relaxed);
 
     // Kill the API server mid-watch and start it again; change things while
@@ -328,20 +331,7 @@ async fn a_stalled_watch_is_restarted_and_the_store_catches_up() {
         ..Default::default()
     };
     let reflector = Reflector::new("configmaps", proxied, config);
-    let (store, stats) = (reflector.store(), reflector.stats());
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(reflector.run(shutdown.clone()));
-    tokio::time::timeout(Duration::from_secs(30), store.wait_synced())
-        .await
-        .expect("synced");
-    wait_for("a running watch", Duration::from_secs(10), || async {
-        if stats.watches.load(Ordering::Relaxed) > 0 {
-            Probe::Done(())
-        } else {
-            Probe::NotYet("no watch".into())
-        }
-    })
-    .await;
+    let (store, stats, shutdown, task) = run_until_watching(reflector).await;
     let lists = stats.lists.load(Ordering::Relaxed);
 
     // The watch's connection (and every pooled one) goes silent for good.

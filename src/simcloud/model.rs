@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{GroupConfig, SimConfig};
 use super::faults;
-use crate::cloud::sim::wire::{self, Faults, GroupView, InstanceView, provider_id};
+use crate::cloud::sim::wire::{Faults, GroupView, InstanceView, provider_id};
 use crate::cloud::{GroupRole, InstanceState, ScalingGroup};
 
 /// Milliseconds since the Unix epoch.
@@ -81,38 +81,9 @@ pub struct Group {
 }
 
 /// An instance, as persisted: its timestamps, from which its state follows
-/// (see the module docs).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Instance {
-    /// `<group>-<serial>`; also its Node's name.
-    pub name: String,
-    /// The ID of its group.
-    pub group: String,
-    /// The image it boots from: its group's when it was created.
-    pub image: String,
-    /// The caller's idempotency key, if it gave one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_id: Option<String>,
-    /// When it was created.
-    pub created_at_ms: Millis,
-    /// When it is done booting.
-    pub ready_at_ms: Millis,
-    /// When its Node is due; `None`: never (the `neverJoin` fault).
-    pub join_at_ms: Option<Millis>,
-    /// Boots into `Failed` (the `failBoot` fault).
-    #[serde(default)]
-    pub fails: bool,
-    /// When its Node was created.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub joined_at_ms: Option<Millis>,
-    /// When its delete was asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deleted_at_ms: Option<Millis>,
-    /// When its delete is (or was) done: asked for plus the delete delay.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub terminated_at_ms: Option<Millis>,
-}
+/// (see the module docs). The record is the wire's: what the API shows is
+/// what is stored, plus the state derived from it ([`Lifecycle`]).
+pub use crate::cloud::sim::wire::Instance;
 
 /// A Node that is due: everything needed to create it.
 #[derive(Clone, Debug, PartialEq)]
@@ -143,9 +114,19 @@ pub enum ModelError {
     Invalid(String),
 }
 
-impl Instance {
+/// What an instance's timestamps mean for the simulator.
+pub trait Lifecycle {
     /// The state at time `now`.
-    pub fn state(&self, now: Millis) -> InstanceState {
+    fn state(&self, now: Millis) -> InstanceState;
+    /// Its Node has yet to be created, and will be (at the given time).
+    fn awaits_join(&self) -> Option<Millis>;
+    /// How the API shows it at time `now`.
+    fn view(&self, now: Millis) -> InstanceView;
+}
+
+impl Lifecycle for Instance {
+    /// The state at time `now`.
+    fn state(&self, now: Millis) -> InstanceState {
         match self.terminated_at_ms {
             Some(t) if now >= t => InstanceState::Terminated,
             Some(_) => InstanceState::Terminating,
@@ -164,24 +145,12 @@ impl Instance {
     }
 
     /// How the API shows it at time `now`.
-    pub fn view(&self, now: Millis) -> InstanceView {
+    fn view(&self, now: Millis) -> InstanceView {
         InstanceView {
             provider_id: provider_id(&self.group, &self.name),
             state: self.state(now),
             never_join: self.join_at_ms.is_none(),
-            instance: wire::Instance {
-                name: self.name.clone(),
-                group: self.group.clone(),
-                image: self.image.clone(),
-                request_id: self.request_id.clone(),
-                created_at_ms: self.created_at_ms,
-                ready_at_ms: self.ready_at_ms,
-                join_at_ms: self.join_at_ms,
-                fails: self.fails,
-                joined_at_ms: self.joined_at_ms,
-                deleted_at_ms: self.deleted_at_ms,
-                terminated_at_ms: self.terminated_at_ms,
-            },
+            instance: self.clone(),
         }
     }
 }

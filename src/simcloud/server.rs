@@ -30,7 +30,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::faults::{self, Verdict};
-use super::model::{ModelError, now};
+use super::model::{Lifecycle, ModelError, now};
 use super::store::{SimStore, StoreError};
 use crate::cloud::sim::wire::{CreateBody, ErrorBody, Faults, ImageBody};
 

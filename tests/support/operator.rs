@@ -31,24 +31,7 @@ impl TestEnv {
         // Logs of the operator under test (RUST_LOG picks the level).
         nodewarden::telemetry::init_logging(false, None);
         install_crds(&self.client).await;
-        let mut leader = nodewarden::runtime::leader::LeaderElectionConfig::new(
-            self.namespace.clone(),
-            "nodewarden",
-            format!("{}-{identity}", self.id),
-        );
-        leader.lease_duration = Duration::from_secs(3);
-        leader.renew_deadline = Duration::from_secs(2);
-        leader.retry_period = Duration::from_millis(500);
-        let config = nodewarden::operator::OperatorConfig {
-            leader,
-            http_addr: "127.0.0.1:0".parse().expect("an address"),
-            node_selector: Some(self.run_selector()),
-            object_selector: Some(self.run_selector()),
-            maintenance,
-            workers: 8,
-            cloud,
-            discover_scaling_groups: None,
-        };
+        let config = self.operator_config(maintenance, cloud, identity);
         let client = control_plane().client().await;
         let shutdown = tokio_util::sync::CancellationToken::new();
         let stop = shutdown.clone();
@@ -58,6 +41,36 @@ impl TestEnv {
             }
         });
         RunningOperator { shutdown, task }
+    }
+}
+
+impl TestEnv {
+    /// The operator's configuration for this test: its run's nodes and
+    /// objects, a Lease in its namespace with short timings, 8 workers.
+    pub fn operator_config(
+        &self,
+        maintenance: nodewarden::controllers::node_maintenance::MaintenanceConfig,
+        cloud: Option<std::sync::Arc<dyn nodewarden::cloud::CloudProvider>>,
+        identity: &str,
+    ) -> nodewarden::operator::OperatorConfig {
+        let mut leader = nodewarden::runtime::leader::LeaderElectionConfig::new(
+            self.namespace.clone(),
+            "nodewarden",
+            format!("{}-{identity}", self.id),
+        );
+        leader.lease_duration = Duration::from_secs(3);
+        leader.renew_deadline = Duration::from_secs(2);
+        leader.retry_period = Duration::from_millis(500);
+        nodewarden::operator::OperatorConfig {
+            leader,
+            http_addr: "127.0.0.1:0".parse().expect("an address"),
+            node_selector: Some(self.run_selector()),
+            object_selector: Some(self.run_selector()),
+            maintenance,
+            workers: 8,
+            cloud,
+            discover_scaling_groups: None,
+        }
     }
 }
 
