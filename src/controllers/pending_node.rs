@@ -151,15 +151,7 @@ impl Reconciler for PendingNodeReconciler {
         let name = pn.name_any();
         let goal = pn.spec.goal.unwrap_or(PendingNodeGoal::Join);
         let provider_id = pn.spec.provider_id.as_str();
-        let state = if provider_id.is_empty() {
-            None
-        } else {
-            match self.cloud.node_state(provider_id).await {
-                Ok(s) => Some(s),
-                Err(e) if e.is_not_found() => None,
-                Err(e) => return Err(e.into()),
-            }
-        };
+        let state = self.instance_state(provider_id).await?;
         let node = self.nodes.get(&ObjectKey::cluster(&pn.spec.node_name));
         let ready = node.as_deref().is_some_and(node_is_ready);
         let deadline_passed = pn.spec.deadline_passed(Timestamp::now());
@@ -178,41 +170,16 @@ impl Reconciler for PendingNodeReconciler {
             ready,
             deadline_passed,
         );
-
-        let status = json!({"status": {"cspState": csp_state(state), "reachedGoal": step == PendingStep::ReachedJoin}});
+        let reached = step == PendingStep::ReachedJoin;
         if pn.status.as_ref().map(|s| (s.csp_state, s.reached_goal))
-            != Some((Some(csp_state(state)), step == PendingStep::ReachedJoin))
+            != Some((Some(csp_state(state)), reached))
         {
+            let status = json!({"status": {"cspState": csp_state(state), "reachedGoal": reached}});
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                 .await?;
         }
         match step {
-            PendingStep::FinishCreate => {
-                self.leader.ensure_leader()?;
-                let created = self
-                    .cloud
-                    .create_node(&CreateNodeRequest {
-                        group_id: pn.spec.group_id.clone(),
-                        request_id: Some(name.clone()),
-                    })
-                    .await?;
-                // A create the previous leader began: its phase of the trace
-                // ends now, in the same trace.
-                let accepted = std::time::SystemTime::now();
-                if let Some((tp, started)) = trace::from_annotations(pn.metadata.annotations.as_ref()) {
-                    let started = started.unwrap_or(accepted);
-                    let group = &pn.spec.group_id;
-                    trace_create(&tp, started, accepted, group, &name, &created.provider_id, true);
-                    trace::flush(TRACE_FLUSH_TIMEOUT).await;
-                }
-                let patch = json!({
-                    "metadata": {"annotations": {CREATED_AT_ANNOTATION: trace::format_time(accepted)}},
-                    "spec": {"providerID": created.provider_id, "nodeName": created.node_name},
-                });
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                Ok(Action::RequeueAfter(POLL))
-            }
+            PendingStep::FinishCreate => self.finish_create(&api, &pn).await,
             PendingStep::ReachedJoin => Ok(Action::Done),
             PendingStep::CreateInFlight => Ok(Action::RequeueAfter(CREATE_GRACE.saturating_sub(age))),
             PendingStep::Wait => {
@@ -228,12 +195,7 @@ impl Reconciler for PendingNodeReconciler {
             }
             PendingStep::GiveUp => {
                 tracing::warn!(pending = %name, node = %pn.spec.node_name, "join deadline passed: deleting the instance");
-                self.leader.ensure_leader()?;
-                match self.cloud.delete_node(provider_id).await {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e.into()),
-                }
+                self.delete_instance(provider_id).await?;
                 let deadline = Timestamp::now()
                     .checked_add(SignedDuration::from_secs(LEAVE_DEADLINE_SECS))
                     .unwrap_or(Timestamp::now());
@@ -243,12 +205,7 @@ impl Reconciler for PendingNodeReconciler {
                 Ok(Action::RequeueAfter(POLL))
             }
             PendingStep::Delete => {
-                self.leader.ensure_leader()?;
-                match self.cloud.delete_node(provider_id).await {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e.into()),
-                }
+                self.delete_instance(provider_id).await?;
                 Ok(Action::RequeueAfter(POLL))
             }
             PendingStep::Forget => {
@@ -261,6 +218,60 @@ impl Reconciler for PendingNodeReconciler {
                 Ok(Action::Done)
             }
         }
+    }
+}
+
+impl PendingNodeReconciler {
+    /// The instance's state at the cloud; None without a provider ID or
+    /// when the cloud has no record of it.
+    async fn instance_state(&self, provider_id: &str) -> Result<Option<InstanceState>> {
+        if provider_id.is_empty() {
+            return Ok(None);
+        }
+        match self.cloud.node_state(provider_id).await {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes the instance; one already gone counts as deleted.
+    async fn delete_instance(&self, provider_id: &str) -> Result<()> {
+        self.leader.ensure_leader()?;
+        match self.cloud.delete_node(provider_id).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Finishes a create the previous leader began: the PendingNode's name is
+    /// the idempotency key, so the cloud returns the instance it made (or
+    /// makes it now), and its phase of the trace ends in the same trace.
+    async fn finish_create(&self, api: &Api<PendingNode>, pn: &PendingNode) -> Result<Action> {
+        let name = pn.name_any();
+        self.leader.ensure_leader()?;
+        let created = self
+            .cloud
+            .create_node(&CreateNodeRequest {
+                group_id: pn.spec.group_id.clone(),
+                request_id: Some(name.clone()),
+            })
+            .await?;
+        let accepted = std::time::SystemTime::now();
+        if let Some((tp, started)) = trace::from_annotations(pn.metadata.annotations.as_ref()) {
+            let started = started.unwrap_or(accepted);
+            let group = &pn.spec.group_id;
+            trace_create(&tp, started, accepted, group, &name, &created.provider_id, true);
+            trace::flush(TRACE_FLUSH_TIMEOUT).await;
+        }
+        let patch = json!({
+            "metadata": {"annotations": {CREATED_AT_ANNOTATION: trace::format_time(accepted)}},
+            "spec": {"providerID": created.provider_id, "nodeName": created.node_name},
+        });
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(Action::RequeueAfter(POLL))
     }
 }
 

@@ -123,6 +123,26 @@ enum Stop {
     Shutdown,
 }
 
+/// A running watch's events.
+type WatchStream<K> = futures::stream::BoxStream<'static, Result<WatchEvent<K>, kube::Error>>;
+
+/// How starting a watch went.
+enum Started<K> {
+    Watching(WatchStream<K>),
+    /// Failed: back off and try again.
+    Failed,
+    Stop(Stop),
+}
+
+/// How a watch ended.
+enum Ended {
+    /// The server closed it, or it went silent: start another at once.
+    Closed,
+    /// It broke: start another, after a pause if it broke at once.
+    Failed,
+    Stop(Stop),
+}
+
 /// Counters of what a reflector did, for metrics and tests.
 #[derive(Debug, Default)]
 pub struct ReflectorStats {
@@ -324,95 +344,108 @@ where
     /// shutdown. Keeps `last_rv` at the newest version seen.
     async fn watch(&self, last_rv: &mut String, backoff: &mut Backoff, shutdown: &CancellationToken) -> Stop {
         loop {
-            let (lo, hi) = self.config.watch_timeout;
-            let timeout = rand::rng().random_range(lo.as_secs()..=hi.as_secs().max(lo.as_secs()));
-            let params = WatchParams {
-                label_selector: self.config.label_selector.clone(),
-                field_selector: self.config.field_selector.clone(),
-                timeout: Some(u32::try_from(timeout).unwrap_or(u32::MAX)),
-                bookmarks: true,
-                ..WatchParams::default()
-            };
             let started = Instant::now();
-            let idle = self.config.idle_timeout;
-            let stream = tokio::select! {
-                _ = shutdown.cancelled() => return Stop::Shutdown,
-                s = tokio::time::timeout(idle, self.api.watch(&params, last_rv)) => s,
+            let ended = match self.start_watch(last_rv, shutdown).await {
+                Started::Watching(stream) => self.follow(stream, last_rv, shutdown).await,
+                Started::Stop(stop) => return stop,
+                Started::Failed => Ended::Failed,
             };
-            let stream = match stream {
-                Ok(s) => s,
-                Err(_) => {
-                    self.stats.stalls.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(reflector = %self.name, after = ?idle, "watch did not start; retrying");
-                    if let Some(stop) = self.sleep(backoff, shutdown).await {
+            match ended {
+                Ended::Stop(stop) => return stop,
+                Ended::Closed => {}
+                // A watch that failed right away backs off so a broken
+                // server is not hammered; one that ended is restarted at once.
+                Ended::Failed => {
+                    if started.elapsed() < Duration::from_secs(1)
+                        && let Some(stop) = self.sleep(backoff, shutdown).await
+                    {
                         return stop;
-                    }
-                    continue;
-                }
-            };
-            let mut stream = match stream {
-                Ok(s) => {
-                    self.stats.watches.fetch_add(1, Ordering::Relaxed);
-                    s.boxed()
-                }
-                Err(e) if is_gone(&e) => {
-                    self.stats.expired.fetch_add(1, Ordering::Relaxed);
-                    return Stop::Gone;
-                }
-                Err(e) => {
-                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(reflector = %self.name, error = %e, "watch failed to start");
-                    if let Some(stop) = self.sleep(backoff, shutdown).await {
-                        return stop;
-                    }
-                    continue;
-                }
-            };
-            let mut failed = false;
-            loop {
-                let next = tokio::select! {
-                    _ = shutdown.cancelled() => return Stop::Shutdown,
-                    next = tokio::time::timeout(idle, stream.next()) => next,
-                };
-                let Ok(next) = next else {
-                    // Silent for too long: the connection is presumed dead.
-                    // Restart from the last version (no relist, no backoff).
-                    self.stats.stalls.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(reflector = %self.name, after = ?idle, resource_version = %last_rv, "watch silent; restarting it");
-                    break;
-                };
-                match next {
-                    None => break,
-                    Some(Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj))) => {
-                        self.apply(obj, last_rv, false)
-                    }
-                    Some(Ok(WatchEvent::Deleted(obj))) => self.apply(obj, last_rv, true),
-                    Some(Ok(WatchEvent::Bookmark(b))) => *last_rv = b.metadata.resource_version,
-                    Some(Ok(WatchEvent::Error(status))) if status.code == 410 => {
-                        self.stats.expired.fetch_add(1, Ordering::Relaxed);
-                        return Stop::Gone;
-                    }
-                    Some(Ok(WatchEvent::Error(status))) => {
-                        self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(reflector = %self.name, code = status.code, message = %status.message, "watch error");
-                        failed = true;
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(reflector = %self.name, error = %e, "watch stream broke");
-                        failed = true;
-                        break;
                     }
                 }
             }
-            // A watch that ended normally is restarted at once; one that failed
-            // right away backs off so a broken server is not hammered.
-            if failed
-                && started.elapsed() < Duration::from_secs(1)
-                && let Some(stop) = self.sleep(backoff, shutdown).await
-            {
-                return stop;
+        }
+    }
+
+    /// Starts one watch from `last_rv`, bounded by the idle timeout.
+    async fn start_watch(&self, last_rv: &str, shutdown: &CancellationToken) -> Started<K> {
+        let (lo, hi) = self.config.watch_timeout;
+        let timeout = rand::rng().random_range(lo.as_secs()..=hi.as_secs().max(lo.as_secs()));
+        let params = WatchParams {
+            label_selector: self.config.label_selector.clone(),
+            field_selector: self.config.field_selector.clone(),
+            timeout: Some(u32::try_from(timeout).unwrap_or(u32::MAX)),
+            bookmarks: true,
+            ..WatchParams::default()
+        };
+        let idle = self.config.idle_timeout;
+        let answer = tokio::select! {
+            _ = shutdown.cancelled() => return Started::Stop(Stop::Shutdown),
+            s = tokio::time::timeout(idle, self.api.watch(&params, last_rv)) => s,
+        };
+        match answer {
+            Ok(Ok(stream)) => {
+                self.stats.watches.fetch_add(1, Ordering::Relaxed);
+                Started::Watching(stream.boxed())
+            }
+            Ok(Err(e)) if is_gone(&e) => {
+                self.stats.expired.fetch_add(1, Ordering::Relaxed);
+                Started::Stop(Stop::Gone)
+            }
+            Ok(Err(e)) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(reflector = %self.name, error = %e, "watch failed to start");
+                Started::Failed
+            }
+            Err(_) => {
+                self.stats.stalls.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(reflector = %self.name, after = ?idle, "watch did not start; retrying");
+                Started::Failed
+            }
+        }
+    }
+
+    /// Applies a watch's events until it ends, fails, goes silent for the
+    /// idle timeout, or says 410.
+    async fn follow(
+        &self,
+        mut stream: WatchStream<K>,
+        last_rv: &mut String,
+        shutdown: &CancellationToken,
+    ) -> Ended {
+        let idle = self.config.idle_timeout;
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return Ended::Stop(Stop::Shutdown),
+                next = tokio::time::timeout(idle, stream.next()) => next,
+            };
+            let Ok(next) = next else {
+                // Silent for too long: the connection is presumed dead.
+                // Restart from the last version (no relist, no backoff).
+                self.stats.stalls.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(reflector = %self.name, after = ?idle, resource_version = %last_rv, "watch silent; restarting it");
+                return Ended::Closed;
+            };
+            match next {
+                None => return Ended::Closed,
+                Some(Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj))) => {
+                    self.apply(obj, last_rv, false)
+                }
+                Some(Ok(WatchEvent::Deleted(obj))) => self.apply(obj, last_rv, true),
+                Some(Ok(WatchEvent::Bookmark(b))) => *last_rv = b.metadata.resource_version,
+                Some(Ok(WatchEvent::Error(status))) if status.code == 410 => {
+                    self.stats.expired.fetch_add(1, Ordering::Relaxed);
+                    return Ended::Stop(Stop::Gone);
+                }
+                Some(Ok(WatchEvent::Error(status))) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(reflector = %self.name, code = status.code, message = %status.message, "watch error");
+                    return Ended::Failed;
+                }
+                Some(Err(e)) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(reflector = %self.name, error = %e, "watch stream broke");
+                    return Ended::Failed;
+                }
             }
         }
     }
