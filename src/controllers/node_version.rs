@@ -24,7 +24,8 @@ use serde_json::json;
 
 use super::App;
 use super::replacement_trace::{
-    CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, drain_annotations, trace_create, trace_join,
+    CREATED_AT_ANNOTATION, FinishedReplacement, TRACE_FLUSH_TIMEOUT, drain_annotations, trace_create,
+    trace_delete_instance, trace_join, trace_replacement, trace_rollout_end, trace_surplus, trace_transfer,
 };
 use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
 use super::{delete_if_present, node_is_ready};
@@ -43,8 +44,7 @@ use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{NodeStateLabels, NodeVersionLabels};
 use crate::telemetry::trace::{
-    self, REPLACE_NODE, ROLLOUT, ROLLOUT_TRACEPARENT_ANNOTATION, SURPLUS_NODE, SpanRecord,
-    TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent,
+    self, ROLLOUT_TRACEPARENT_ANNOTATION, TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent,
 };
 
 /// On a Node: the ID of its scaling group (Constellation's).
@@ -570,14 +570,7 @@ impl NodeVersionReconciler {
             .patch(&donor, &PatchParams::default(), &Patch::Merge(&donor_patch))
             .await?;
         if let Some((tp, _)) = replacement {
-            trace::emit_phase(
-                &tp,
-                SpanRecord::new("transfer labels", transfer_started, SystemTime::now())
-                    .attr("k8s.node.name", heir.to_owned())
-                    .attr("nodewarden.donor", donor.clone())
-                    .attr("nodewarden.labels", labels.len() as i64),
-            );
-            trace::flush(TRACE_FLUSH_TIMEOUT).await;
+            trace_transfer(&tp, transfer_started, heir, &donor, labels.len()).await;
         }
         // The heir joined: its PendingNode has done its job.
         let pending: Api<PendingNode> = Api::all(self.client.clone());
@@ -641,12 +634,7 @@ impl NodeVersionReconciler {
         };
         let deleting_node = SystemTime::now();
         if let Some((tp, _)) = replacement {
-            trace::emit_phase(
-                &tp,
-                SpanRecord::new("delete instance", deleting_instance, deleting_node)
-                    .attr("nodewarden.provider_id", provider_id.clone())
-                    .attr("nodewarden.instance_known", known),
-            );
+            trace_delete_instance(&tp, deleting_instance, deleting_node, &provider_id, known);
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -743,18 +731,7 @@ impl NodeVersionReconciler {
             .await?;
         let pending: Api<PendingNode> = Api::all(self.client.clone());
         for p in self.pending.list().iter().filter(|p| p.spec.node_name == node) {
-            if let Some((tp, started)) = trace::from_annotations(p.metadata.annotations.as_ref()) {
-                let now = SystemTime::now();
-                trace::emit_root(
-                    &tp,
-                    SpanRecord::new(SURPLUS_NODE, started.unwrap_or(now), now)
-                        .attr("k8s.node.name", node.to_string())
-                        .attr("nodewarden.scaling_group", p.spec.group_id.clone())
-                        .attr("nodewarden.reason", why.to_string())
-                        .link(trace::rollout_of(p.metadata.annotations.as_ref())),
-                );
-                trace::flush(TRACE_FLUSH_TIMEOUT).await;
-            }
+            trace_surplus(p, node, why).await;
             delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
         }
         Ok(())
@@ -770,15 +747,6 @@ impl NodeVersionReconciler {
                 nodeversion: nv_name.clone(),
             })
             .inc();
-        let Some((tp, started)) = trace::from_annotations(donor.metadata.annotations.as_ref()) else {
-            return;
-        };
-        let now = SystemTime::now();
-        let name = donor.name_any();
-        trace::emit_phase(
-            &tp,
-            SpanRecord::new("delete node", deleting, now).attr("k8s.node.name", name.clone()),
-        );
         let role = self
             .groups
             .list()
@@ -792,36 +760,16 @@ impl NodeVersionReconciler {
                 }
             })
             .unwrap_or("unknown");
-        let started = started.unwrap_or(now);
-        trace::emit_root(
-            &tp,
-            SpanRecord::new(REPLACE_NODE, started, now)
-                .attr("k8s.node.name", name.clone())
-                .attr(
-                    "nodewarden.heir",
-                    annotation(donor, HEIR_ANNOTATION).unwrap_or_default().to_string(),
-                )
-                .attr("nodewarden.scaling_group", group.to_string())
-                .attr("nodewarden.role", role)
-                .attr(
-                    "nodewarden.image.old",
-                    annotation(donor, IMAGE_ANNOTATION)
-                        .unwrap_or_default()
-                        .to_string(),
-                )
-                .attr("nodewarden.image.new", nv.spec.image.clone())
-                .attr("nodewarden.nodeversion", nv_name.clone())
-                .link(trace::rollout_of(donor.metadata.annotations.as_ref())),
-        );
-        trace::flush(TRACE_FLUSH_TIMEOUT).await;
-        tracing::info!(
-            trace_id = %tp.trace_id,
-            node = %name,
-            heir = annotation(donor, HEIR_ANNOTATION).unwrap_or_default(),
-            nodeversion = %nv_name,
-            seconds = now.duration_since(started).unwrap_or_default().as_secs_f64(),
-            "node replacement finished"
-        );
+        let finished = FinishedReplacement {
+            donor,
+            heir: annotation(donor, HEIR_ANNOTATION).unwrap_or_default(),
+            group,
+            role,
+            old_image: annotation(donor, IMAGE_ANNOTATION).unwrap_or_default(),
+            new_image: &nv.spec.image,
+            nodeversion: &nv_name,
+        };
+        trace_replacement(&finished, deleting).await;
     }
 
     /// One trace per rollout: started (on the NodeVersion) when nodes are
@@ -843,16 +791,7 @@ impl NodeVersionReconciler {
                 Ok(Some(tp))
             }
             (Some((tp, started)), false) => {
-                let now = SystemTime::now();
-                let started = started.unwrap_or(now);
-                trace::emit_root(
-                    &tp,
-                    SpanRecord::new(ROLLOUT, started, now)
-                        .attr("nodewarden.nodeversion", nv.name_any())
-                        .attr("nodewarden.image.new", nv.spec.image.clone())
-                        .attr("nodewarden.nodes", counts.nodes as i64),
-                );
-                trace::flush(TRACE_FLUSH_TIMEOUT).await;
+                let (started, now) = trace_rollout_end(&tp, started, nv, counts.nodes).await;
                 let patch = json!({"metadata": {"annotations": {
                     TRACEPARENT_ANNOTATION: null,
                     TRACE_STARTED_ANNOTATION: null,

@@ -82,3 +82,125 @@ pub fn trace_join(tp: &TraceParent, pending: &PendingNode, heir: &Node) {
         SpanRecord::new("wait ready", joined, ready).attr("k8s.node.name", heir.name_any()),
     );
 }
+
+/// The "transfer labels" phase: the heir took the donor's labels.
+pub async fn trace_transfer(tp: &TraceParent, started: SystemTime, heir: &str, donor: &str, labels: usize) {
+    trace::emit_phase(
+        tp,
+        SpanRecord::new("transfer labels", started, SystemTime::now())
+            .attr("k8s.node.name", heir.to_owned())
+            .attr("nodewarden.donor", donor.to_owned())
+            .attr("nodewarden.labels", labels as i64),
+    );
+    trace::flush(TRACE_FLUSH_TIMEOUT).await;
+}
+
+/// The "delete instance" phase; `known`: the cloud still had the instance.
+pub fn trace_delete_instance(
+    tp: &TraceParent,
+    started: SystemTime,
+    ended: SystemTime,
+    provider_id: &str,
+    known: bool,
+) {
+    trace::emit_phase(
+        tp,
+        SpanRecord::new("delete instance", started, ended)
+            .attr("nodewarden.provider_id", provider_id.to_owned())
+            .attr("nodewarden.instance_known", known),
+    );
+}
+
+/// Closes the trace of a node that joined but replaces nobody: a root span
+/// `surplus node`, so the phases it already has are not left without one.
+pub async fn trace_surplus(pending: &PendingNode, node: &str, why: &str) {
+    let Some((tp, started)) = trace::from_annotations(pending.metadata.annotations.as_ref()) else {
+        return;
+    };
+    let now = SystemTime::now();
+    trace::emit_root(
+        &tp,
+        SpanRecord::new(trace::SURPLUS_NODE, started.unwrap_or(now), now)
+            .attr("k8s.node.name", node.to_string())
+            .attr("nodewarden.scaling_group", pending.spec.group_id.clone())
+            .attr("nodewarden.reason", why.to_string())
+            .link(trace::rollout_of(pending.metadata.annotations.as_ref())),
+    );
+    trace::flush(TRACE_FLUSH_TIMEOUT).await;
+}
+
+/// What the root span of a finished replacement says.
+pub struct FinishedReplacement<'a> {
+    /// The old node, carrying the replacement's trace.
+    pub donor: &'a Node,
+    /// The node that replaced it.
+    pub heir: &'a str,
+    /// Their scaling group.
+    pub group: &'a str,
+    /// `control-plane`, `worker` or `unknown`.
+    pub role: &'a str,
+    /// The donor's image.
+    pub old_image: &'a str,
+    /// The image the rollout brings.
+    pub new_image: &'a str,
+    /// The NodeVersion rolling out.
+    pub nodeversion: &'a str,
+}
+
+/// The old node is deleted: its "delete node" phase and the replacement's
+/// root span, sent before anything else happens (a replica killed now has
+/// sent them).
+pub async fn trace_replacement(r: &FinishedReplacement<'_>, deleting: SystemTime) {
+    let Some((tp, started)) = trace::from_annotations(r.donor.metadata.annotations.as_ref()) else {
+        return;
+    };
+    let now = SystemTime::now();
+    let name = r.donor.name_any();
+    trace::emit_phase(
+        &tp,
+        SpanRecord::new("delete node", deleting, now).attr("k8s.node.name", name.clone()),
+    );
+    let started = started.unwrap_or(now);
+    trace::emit_root(
+        &tp,
+        SpanRecord::new(trace::REPLACE_NODE, started, now)
+            .attr("k8s.node.name", name.clone())
+            .attr("nodewarden.heir", r.heir.to_owned())
+            .attr("nodewarden.scaling_group", r.group.to_owned())
+            .attr("nodewarden.role", r.role.to_owned())
+            .attr("nodewarden.image.old", r.old_image.to_owned())
+            .attr("nodewarden.image.new", r.new_image.to_owned())
+            .attr("nodewarden.nodeversion", r.nodeversion.to_owned())
+            .link(trace::rollout_of(r.donor.metadata.annotations.as_ref())),
+    );
+    trace::flush(TRACE_FLUSH_TIMEOUT).await;
+    tracing::info!(
+        trace_id = %tp.trace_id,
+        node = %name,
+        heir = r.heir,
+        nodeversion = r.nodeversion,
+        seconds = now.duration_since(started).unwrap_or_default().as_secs_f64(),
+        "node replacement finished"
+    );
+}
+
+/// The rollout's root span, once no node is outdated. Returns when it
+/// started and ended.
+pub async fn trace_rollout_end(
+    tp: &TraceParent,
+    started: Option<SystemTime>,
+    nv: &crate::api::update::NodeVersion,
+    nodes: usize,
+) -> (SystemTime, SystemTime) {
+    let now = SystemTime::now();
+    let started = started.unwrap_or(now);
+    trace::emit_root(
+        tp,
+        SpanRecord::new(trace::ROLLOUT, started, now)
+            .attr("nodewarden.nodeversion", nv.name_any())
+            .attr("nodewarden.image.new", nv.spec.image.clone())
+            .attr("nodewarden.nodes", nodes as i64),
+    );
+    trace::flush(TRACE_FLUSH_TIMEOUT).await;
+    (started, now)
+}
