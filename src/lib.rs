@@ -17,3 +17,4 @@ pub mod operator;
 pub mod runtime;
 pub mod simcloud;
 pub mod telemetry;
+pub mod upgrade;

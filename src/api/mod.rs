@@ -2,6 +2,7 @@
 
 pub mod conditions;
 pub mod node_maintenance;
+pub mod plan;
 pub mod update;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -18,5 +19,6 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
         update::PendingNode::crd(),
         update::AutoscalingStrategy::crd(),
         update::JoiningNode::crd(),
+        plan::Plan::crd(),
     ]
 }

@@ -15,6 +15,9 @@ pub enum PodClass {
     Mirror,
     /// Succeeded or Failed: holds no workload, nothing to wait for.
     Finished,
+    /// A Plan's upgrade Job: it runs on the drained node by design (and a
+    /// drain resumed by a new leader must not evict it).
+    Upgrade,
     /// Evicted through the Eviction API.
     Evict,
 }
@@ -36,6 +39,17 @@ pub fn classify(pod: &Pod) -> PodClass {
     }) {
         return PodClass::DaemonSet;
     }
+    let job_owned = meta
+        .owner_references
+        .as_ref()
+        .is_some_and(|refs| refs.iter().any(|r| r.kind == "Job" && r.controller == Some(true)));
+    let of_plan = meta
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(crate::upgrade::labels::PLAN));
+    if job_owned && of_plan {
+        return PodClass::Upgrade;
+    }
     match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Succeeded") | Some("Failed") => PodClass::Finished,
         _ => PodClass::Evict,
@@ -54,7 +68,15 @@ pub fn reference(pod: &Pod) -> PodReference {
 /// selector selects everything in a PodDisruptionBudget, as in policy/v1.)
 pub fn selects(selector: &LabelSelector, pod: &Pod) -> bool {
     let empty = std::collections::BTreeMap::new();
-    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    selector_matches(selector, pod.metadata.labels.as_ref().unwrap_or(&empty))
+}
+
+/// Does `selector` match an object with `labels`? (matchLabels and
+/// matchExpressions ANDed; an empty selector matches everything.)
+pub fn selector_matches(
+    selector: &LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
     let labels_match = selector
         .match_labels
         .as_ref()

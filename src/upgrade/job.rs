@@ -1,0 +1,565 @@
+//! The Job that upgrades one node: upstream's name, labels, node affinity,
+//! host mounts and SYSTEM_UPGRADE_* environment, so existing upgrade images
+//! run unchanged. Cordon and drain are not in it: nodewarden does them
+//! before the Job exists, with its own drain (PodDisruptionBudgets honoured).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, EnvVarSource,
+    HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, SecretVolumeSource,
+    SecurityContext, Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+};
+
+use super::labels;
+use crate::api::plan::{ContainerSpec, Plan, node_label};
+
+/// What the operator decides about every Job (flags).
+#[derive(Clone, Debug)]
+pub struct JobDefaults {
+    /// activeDeadlineSeconds when the plan sets none (upstream: 600).
+    pub active_deadline_secs: i64,
+    /// Retries of a failed pod before the Job fails (upstream: 2).
+    pub backoff_limit: i32,
+    /// How long a finished Job stays (upstream: 900 s).
+    pub ttl_after_finished_secs: i32,
+}
+
+impl Default for JobDefaults {
+    fn default() -> Self {
+        JobDefaults {
+            active_deadline_secs: 600,
+            backoff_limit: 2,
+            ttl_after_finished_secs: 900,
+        }
+    }
+}
+
+/// The value of `kubernetes.io/hostname` the Job is pinned to.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// The Job's name: `apply-<plan>-on-<node up to its first dot>-with-<hash>`, cut to 63.
+pub fn job_name(plan: &str, node: &str, hash: &str) -> String {
+    let short = node.split('.').next().unwrap_or(node);
+    super::safe_concat_name(&["apply", plan, "on", short, "with", hash])
+}
+
+/// The Job applying `plan` at `version`/`hash` on `node` (whose
+/// `kubernetes.io/hostname` label is `hostname`).
+pub fn upgrade_job(
+    plan: &Plan,
+    node: &str,
+    hostname: &str,
+    version: &str,
+    hash: &str,
+    defaults: &JobDefaults,
+) -> Job {
+    let name = plan.metadata.name.clone().unwrap_or_default();
+    let spec = &plan.spec;
+    let exclusive = spec.exclusive.unwrap_or(false).to_string();
+    let mut job_labels = BTreeMap::from([
+        (labels::CONTROLLER.to_string(), "nodewarden".to_string()),
+        (labels::EXCLUSIVE.to_string(), exclusive.clone()),
+        (labels::NODE.to_string(), node.to_string()),
+        (labels::PLAN.to_string(), name.clone()),
+        (labels::VERSION.to_string(), label_value(version)),
+        (node_label(&name), hash.to_string()),
+    ]);
+    for (k, v) in plan.metadata.labels.iter().flatten() {
+        if !k.contains("cattle.io/") {
+            job_labels.insert(k.clone(), v.clone());
+        }
+    }
+    let mut ttl = defaults.ttl_after_finished_secs;
+    // Keep the finished Job past postCompleteDelay, plus a minute (upstream's rule).
+    if let Some(delay) = spec.post_complete_delay.as_deref().and_then(parse_go_duration) {
+        ttl = ttl.max(delay.as_secs() as i32 + 60);
+    }
+    let deadline = match spec.job_active_deadline_secs {
+        Some(0) => None,
+        Some(s) if s > 0 => Some(s),
+        _ => Some(defaults.active_deadline_secs),
+    };
+    let anti_affinity_on = if spec.exclusive.unwrap_or(false) {
+        (labels::EXCLUSIVE, exclusive)
+    } else {
+        (labels::PLAN, name.clone())
+    };
+    let env = plan_env(&name, version, hash);
+    let mounts = base_mounts(plan);
+    let mut init_containers = Vec::new();
+    if let Some(prepare) = &spec.prepare {
+        init_containers.push(container("prepare", prepare, version, &env, &mounts));
+    }
+    let upgrade = container("upgrade", &spec.upgrade, version, &env, &mounts);
+    Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(&name, node, hash)),
+            namespace: plan.metadata.namespace.clone(),
+            labels: Some(job_labels.clone()),
+            owner_references: owner(plan).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(defaults.backoff_limit),
+            ttl_seconds_after_finished: Some(ttl),
+            active_deadline_seconds: deadline,
+            completions: Some(1),
+            parallelism: Some(1),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(job_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    host_ipc: Some(true),
+                    host_pid: Some(true),
+                    host_network: Some(true),
+                    dns_policy: Some("ClusterFirstWithHostNet".into()),
+                    priority_class_name: spec.priority_class_name.clone(),
+                    service_account_name: spec.service_account_name.clone(),
+                    affinity: Some(affinity(hostname, anti_affinity_on)),
+                    tolerations: Some(tolerations(&spec.tolerations)),
+                    restart_policy: Some("Never".into()),
+                    volumes: Some(volumes(plan)),
+                    image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+                        .then(|| spec.image_pull_secrets.clone()),
+                    init_containers: (!init_containers.is_empty()).then_some(init_containers),
+                    containers: vec![upgrade],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The plan as the Jobs' controlling owner: deleting the plan deletes them.
+fn owner(plan: &Plan) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "upgrade.cattle.io/v1".into(),
+        kind: "Plan".into(),
+        name: plan.metadata.name.clone()?,
+        uid: plan.metadata.uid.clone()?,
+        controller: Some(true),
+        block_owner_deletion: Some(false),
+    })
+}
+
+/// Pinned to the node; never two of this plan's (or of any exclusive plan's) pods on one node.
+fn affinity(hostname: &str, anti: (&str, String)) -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: HOSTNAME_LABEL.into(),
+                        operator: "In".into(),
+                        values: Some(vec![hostname.to_string()]),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        pod_anti_affinity: Some(PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: anti.0.to_string(),
+                        operator: "In".into(),
+                        values: Some(vec![anti.1]),
+                    }]),
+                    ..Default::default()
+                }),
+                topology_key: HOSTNAME_LABEL.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The node is cordoned while the Job runs: tolerate that, plus the plan's own.
+fn tolerations(extra: &[Toleration]) -> Vec<Toleration> {
+    let mut all = vec![Toleration {
+        key: Some("node.kubernetes.io/unschedulable".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }];
+    all.extend(extra.iter().cloned());
+    all
+}
+
+fn volumes(plan: &Plan) -> Vec<Volume> {
+    let mut volumes = vec![
+        Volume {
+            name: "host-root".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: "/".into(),
+                type_: Some("Directory".into()),
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "pod-info".into(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                default_mode: Some(0o644),
+                items: Some(
+                    [
+                        ("labels", "metadata.labels"),
+                        ("annotations", "metadata.annotations"),
+                    ]
+                    .into_iter()
+                    .map(|(path, field)| DownwardAPIVolumeFile {
+                        path: path.into(),
+                        field_ref: Some(ObjectFieldSelector {
+                            api_version: Some("v1".into()),
+                            field_path: field.into(),
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ),
+            }),
+            ..Default::default()
+        },
+    ];
+    for s in &plan.spec.secrets {
+        volumes.push(Volume {
+            name: secret_volume(&s.name),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(s.name.clone()),
+                default_mode: s.default_mode,
+                optional: Some(s.ignore_updates.unwrap_or(false)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    let containers = plan
+        .spec
+        .prepare
+        .iter()
+        .chain(std::iter::once(&plan.spec.upgrade));
+    let mut seen = std::collections::BTreeSet::new();
+    for v in containers.flat_map(|c| c.volumes.iter()) {
+        if seen.insert(v.name.clone()) {
+            volumes.push(Volume {
+                name: v.name.clone(),
+                host_path: Some(HostPathVolumeSource {
+                    path: v.source.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    volumes
+}
+
+fn secret_volume(name: &str) -> String {
+    super::safe_concat_name(&["secret", name])
+}
+
+/// Host root at /host, the pod's labels and annotations, the plan's Secrets.
+fn base_mounts(plan: &Plan) -> Vec<VolumeMount> {
+    let mut mounts = vec![
+        VolumeMount {
+            name: "host-root".into(),
+            mount_path: "/host".into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "pod-info".into(),
+            mount_path: "/run/system-upgrade/pod".into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+    ];
+    mounts.extend(plan.spec.secrets.iter().map(|s| VolumeMount {
+        name: secret_volume(&s.name),
+        mount_path: s.path.clone(),
+        read_only: Some(true),
+        ..Default::default()
+    }));
+    mounts
+}
+
+fn plan_env(plan: &str, version: &str, hash: &str) -> Vec<EnvVar> {
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let value = |name: &str, v: &str| EnvVar {
+        name: name.into(),
+        value: Some(v.into()),
+        ..Default::default()
+    };
+    vec![
+        field("SYSTEM_UPGRADE_NODE_NAME", "spec.nodeName"),
+        field("SYSTEM_UPGRADE_POD_NAME", "metadata.name"),
+        field("SYSTEM_UPGRADE_POD_UID", "metadata.uid"),
+        value("SYSTEM_UPGRADE_PLAN_NAME", plan),
+        value("SYSTEM_UPGRADE_PLAN_LATEST_HASH", hash),
+        value("SYSTEM_UPGRADE_PLAN_LATEST_VERSION", version),
+    ]
+}
+
+/// One container: privileged with CAP_SYS_BOOT unless the plan gives a securityContext.
+fn container(
+    name: &str,
+    spec: &ContainerSpec,
+    version: &str,
+    env: &[EnvVar],
+    mounts: &[VolumeMount],
+) -> Container {
+    let mut all_env = env.to_vec();
+    all_env.extend(spec.envs.iter().cloned());
+    let mut all_mounts = mounts.to_vec();
+    all_mounts.extend(spec.volumes.iter().map(|v| VolumeMount {
+        name: v.name.clone(),
+        mount_path: v.destination.clone(),
+        ..Default::default()
+    }));
+    Container {
+        name: name.into(),
+        image: Some(with_tag(&spec.image, version)),
+        command: (!spec.command.is_empty()).then(|| spec.command.clone()),
+        args: (!spec.args.is_empty()).then(|| spec.args.clone()),
+        env: Some(all_env),
+        env_from: (!spec.env_from.is_empty()).then(|| spec.env_from.clone()),
+        volume_mounts: Some(all_mounts),
+        image_pull_policy: Some("IfNotPresent".into()),
+        security_context: Some(spec.security_context.clone().unwrap_or_else(|| SecurityContext {
+            privileged: Some(true),
+            capabilities: Some(Capabilities {
+                add: Some(vec!["CAP_SYS_BOOT".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// `image` with `version` as its tag when it has neither tag nor digest.
+pub fn with_tag(image: &str, version: &str) -> String {
+    let last = image.rsplit('/').next().unwrap_or(image);
+    if last.contains(':') || image.contains('@') || version.is_empty() {
+        image.to_string()
+    } else {
+        format!("{image}:{version}")
+    }
+}
+
+/// A version as a label value (63 characters of `[A-Za-z0-9._-]`).
+fn label_value(version: &str) -> String {
+    let cleaned: String = version
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    cleaned
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// A Go duration (`1h30m`, `90s`, `500ms`); None when it is not one.
+pub fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
+    let s = s.trim();
+    if s == "0" {
+        return Some(std::time::Duration::ZERO);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        total += number * scale;
+        rest = &rest[unit_len..];
+    }
+    Some(std::time::Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::plan::{PlanSpec, SecretSpec, VolumeSpec};
+
+    fn plan() -> Plan {
+        let mut p = Plan::new(
+            "k3s-server",
+            PlanSpec {
+                concurrency: Some(1),
+                version: Some("v1.30.1-k3s1".into()),
+                upgrade: ContainerSpec {
+                    image: "rancher/k3s-upgrade".into(),
+                    volumes: vec![VolumeSpec {
+                        name: "run".into(),
+                        source: "/run".into(),
+                        destination: "/run".into(),
+                    }],
+                    ..Default::default()
+                },
+                secrets: vec![SecretSpec {
+                    name: "creds".into(),
+                    path: "/creds".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        p.metadata.namespace = Some("system-upgrade".into());
+        p.metadata.uid = Some("uid-1".into());
+        p
+    }
+
+    #[test]
+    fn the_job_is_upstreams() {
+        let hash = "a".repeat(56);
+        let job = upgrade_job(
+            &plan(),
+            "worker-1.example",
+            "worker-1",
+            "v1.30.1-k3s1",
+            &hash,
+            &JobDefaults::default(),
+        );
+        let name = job.metadata.name.clone().unwrap_or_default();
+        assert!(
+            name.starts_with("apply-k3s-server-on-worker-1-with-aaaa") && name.len() <= 63,
+            "{name}"
+        );
+        let labels = job.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get("upgrade.cattle.io/plan").map(String::as_str),
+            Some("k3s-server")
+        );
+        assert_eq!(
+            labels.get("upgrade.cattle.io/node").map(String::as_str),
+            Some("worker-1.example")
+        );
+        assert_eq!(labels.get("plan.upgrade.cattle.io/k3s-server"), Some(&hash));
+        let spec = job.spec.expect("a spec");
+        assert_eq!(spec.active_deadline_seconds, Some(600));
+        let pod = spec.template.spec.expect("a pod spec");
+        assert_eq!(pod.host_pid, Some(true));
+        let c = &pod.containers[0];
+        assert_eq!(c.image.as_deref(), Some("rancher/k3s-upgrade:v1.30.1-k3s1"));
+        let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        for want in [
+            "SYSTEM_UPGRADE_NODE_NAME",
+            "SYSTEM_UPGRADE_PLAN_LATEST_HASH",
+            "SYSTEM_UPGRADE_PLAN_LATEST_VERSION",
+        ] {
+            assert!(env.contains(&want), "{want} in {env:?}");
+        }
+        let mounts: Vec<&str> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert_eq!(mounts, vec!["/host", "/run/system-upgrade/pod", "/creds", "/run"]);
+        let sc = c.security_context.clone().unwrap_or_default();
+        assert_eq!(sc.privileged, Some(true));
+        let terms = pod
+            .affinity
+            .and_then(|a| a.node_affinity)
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution);
+        let values = terms.map(|t| {
+            t.node_selector_terms[0]
+                .match_expressions
+                .clone()
+                .unwrap_or_default()[0]
+                .values
+                .clone()
+        });
+        assert_eq!(values, Some(Some(vec!["worker-1".to_string()])));
+        assert_eq!(
+            job.metadata.owner_references.map(|o| o[0].uid.clone()),
+            Some("uid-1".into())
+        );
+    }
+
+    #[test]
+    fn deadlines_and_tags() {
+        let d = JobDefaults::default();
+        for (secs, want) in [
+            (None, Some(600)),
+            (Some(0), None),
+            (Some(30), Some(30)),
+            (Some(-1), Some(600)),
+        ] {
+            let mut p = plan();
+            p.spec.job_active_deadline_secs = secs;
+            let job = upgrade_job(&p, "n", "n", "v1", "h", &d);
+            assert_eq!(job.spec.and_then(|s| s.active_deadline_seconds), want, "{secs:?}");
+        }
+        let table = [
+            ("rancher/k3os", "v0.9.0", "rancher/k3os:v0.9.0"),
+            ("rancher/k3os:v1", "v0.9.0", "rancher/k3os:v1"),
+            ("registry:5000/k3os", "v2", "registry:5000/k3os:v2"),
+            ("k3os@sha256:abc", "v2", "k3os@sha256:abc"),
+        ];
+        for (image, version, want) in table {
+            assert_eq!(with_tag(image, version), want);
+        }
+    }
+
+    #[test]
+    fn go_durations() {
+        let table = [
+            ("90s", Some(90.0)),
+            ("1h30m", Some(5400.0)),
+            ("500ms", Some(0.5)),
+            ("0", Some(0.0)),
+            ("-5s", None),
+            ("5", None),
+            ("", None),
+        ];
+        for (s, want) in table {
+            assert_eq!(parse_go_duration(s).map(|d| d.as_secs_f64()), want, "{s}");
+        }
+    }
+}
