@@ -6,9 +6,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
+use nodewarden::controllers::plan::PlanConfig;
 use nodewarden::operator::{self, OperatorConfig};
 use nodewarden::runtime::leader::LeaderElectionConfig;
 use nodewarden::simcloud::SimCloudArgs;
+use nodewarden::upgrade::job::JobDefaults;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -80,6 +82,21 @@ struct RunArgs {
     /// Create ScalingGroups following this NodeVersion for cloud groups without one.
     #[arg(long)]
     discover_scaling_groups: Option<String>,
+    /// Watch upgrade Plans in this namespace only (default: all namespaces).
+    #[arg(long, env = "NODEWARDEN_PLAN_NAMESPACE")]
+    plan_namespace: Option<String>,
+    /// How often a Plan's channel is asked for the latest version (seconds).
+    #[arg(long, default_value_t = 900.0)]
+    plan_channel_poll: f64,
+    /// How long a node must stay Ready after its upgrade before the next starts (seconds).
+    #[arg(long, default_value_t = 10.0)]
+    plan_settle: f64,
+    /// activeDeadlineSeconds of upgrade Jobs whose Plan sets none.
+    #[arg(long, default_value_t = 600)]
+    plan_job_deadline: i64,
+    /// Retries of a failed upgrade pod before its Job fails.
+    #[arg(long, default_value_t = 2)]
+    plan_job_backoff_limit: i32,
     /// Path of a kubeconfig (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -140,6 +157,17 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             None => None,
         },
         discover_scaling_groups: args.discover_scaling_groups,
+        plans: PlanConfig {
+            namespace: args.plan_namespace,
+            channel_poll: seconds(args.plan_channel_poll, "plan-channel-poll")?,
+            settle: seconds(args.plan_settle, "plan-settle")?,
+            jobs: JobDefaults {
+                active_deadline_secs: args.plan_job_deadline,
+                backoff_limit: args.plan_job_backoff_limit,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
     };
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();

@@ -32,6 +32,8 @@ pub struct OperatorConfig {
     pub object_selector: Option<String>,
     /// NodeMaintenance settings.
     pub maintenance: MaintenanceConfig,
+    /// Plan settings.
+    pub plans: crate::controllers::plan::PlanConfig,
     /// Workers per controller.
     pub workers: usize,
     /// The cloud that replaces nodes; None: no rolling replacement, only maintenance.
@@ -70,6 +72,7 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
     app.nodes = Source::labelled(config.node_selector.clone());
     app.objects = Source::labelled(config.object_selector.clone());
     app.maintenance = config.maintenance.clone();
+    app.plans = config.plans.clone();
     app.cloud = config
         .cloud
         .clone()

@@ -124,6 +124,7 @@ pub struct PlanSpec {
     pub window: Option<WindowSpec>,
     /// Wait this long after a node completes before starting the next (Go duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     #[x_kube(validation = kube::core::Rule::new("!self.startsWith('-')").message("spec.postCompleteDelay is negative"))]
     #[x_kube(validation = kube::core::Rule::new(format!("self.startsWith('-') || self.matches('{DURATION}')")).message("spec.postCompleteDelay must be a duration such as 30s or 5m"))]
     pub post_complete_delay: Option<String>,
@@ -227,20 +228,38 @@ pub struct DrainSpec {
 #[serde(rename_all = "camelCase")]
 pub struct WindowSpec {
     /// Days of the week (`mon`, `monday`, `1`, ...).
-    #[x_kube(validation = kube::core::Rule::new("self.size() >= 1").message("spec.window.days must name at least one day"))]
-    #[x_kube(validation = kube::core::Rule::new("self.all(d, d.lowerAscii() in ['0','su','sun','sunday','1','mo','mon','monday','2','tu','tue','tuesday','3','we','wed','wednesday','4','th','thu','thursday','5','fr','fri','friday','6','sa','sat','saturday'])").message("spec.window.days: each day must be a weekday such as mon, monday or 1"))]
+    #[schemars(schema_with = "weekdays")]
     pub days: Vec<String>,
     /// Start of the window, e.g. `22:00` or `10pm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
     #[x_kube(validation = kube::core::Rule::new(format!("self.matches('{TIME_OF_DAY}')")).message("spec.window.startTime must be a time of day such as 22:00, 22:00:00 or 10pm"))]
     pub start_time: Option<String>,
     /// End of the window (before the start: the window spans midnight).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
     #[x_kube(validation = kube::core::Rule::new(format!("self.matches('{TIME_OF_DAY}')")).message("spec.window.endTime must be a time of day such as 06:00, 06:00:00 or 6am"))]
     pub end_time: Option<String>,
     /// IANA time zone of the window (UTC when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_zone: Option<String>,
+}
+
+/// Upstream's schema for window days: 1 to 7 of the names it knows.
+fn weekdays(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 7,
+        "items": {
+            "type": "string",
+            "enum": [
+                "0", "su", "sun", "sunday", "1", "mo", "mon", "monday", "2", "tu", "tue", "tuesday",
+                "3", "we", "wed", "wednesday", "4", "th", "thu", "thursday", "5", "fr", "fri", "friday",
+                "6", "sa", "sat", "saturday"
+            ]
+        }
+    })
 }
 
 /// 24-hour `H:MM[:SS]` or 12-hour `H[:MM][am|pm]`.

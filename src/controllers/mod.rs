@@ -7,6 +7,7 @@ pub mod joining_node;
 pub mod node_maintenance;
 pub mod node_version;
 pub mod pending_node;
+pub mod plan;
 pub mod replacement_trace;
 pub mod rollout;
 pub mod scaling_group;
@@ -47,6 +48,8 @@ pub struct App {
     pub cloud: Option<Arc<dyn CloudProvider>>,
     /// NodeMaintenance settings.
     pub maintenance: node_maintenance::MaintenanceConfig,
+    /// Plan settings.
+    pub plans: plan::PlanConfig,
 }
 
 impl App {
@@ -66,6 +69,7 @@ impl App {
             objects: Source::all(),
             cloud: None,
             maintenance: Default::default(),
+            plans: Default::default(),
         }
     }
 
@@ -92,11 +96,12 @@ impl App {
     }
 }
 
-/// Registers every controller that `app` can run: maintenance always, the
-/// rolling replacement when a cloud is configured.
+/// Registers every controller that `app` can run: maintenance and upgrade
+/// plans always, the rolling replacement when a cloud is configured.
 pub fn register_all(manager: &mut Manager, app: &App) {
     manager.transform::<Node>(crate::runtime::reflector::strip_node);
     node_maintenance::register(manager, app);
+    plan::register(manager, app);
     if app.cloud.is_some() {
         node_version::register(manager, app);
         pending_node::register(manager, app);

@@ -44,7 +44,7 @@ use tokio::time::Instant;
 /// Held on every NodeMaintenance until its changes to the node are undone.
 pub const FINALIZER: &str = "nodewarden.dev/node-maintenance";
 /// The taint that keeps new pods off a node in maintenance (medik8s's).
-pub const DRAIN_TAINT: &str = "medik8s.io/drain";
+pub use crate::drain::node::DRAIN_TAINT;
 /// The taint a cordoned node carries.
 pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 /// Tells remediation tools to leave the node alone while it is in maintenance.

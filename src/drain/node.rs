@@ -12,6 +12,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde::{Deserialize, Serialize};
 
+/// The taint a NodeMaintenance puts on its node (NMO's).
+pub const DRAIN_TAINT: &str = "medik8s.io/drain";
+
 /// The annotation holding the [`NodeChanges`] record (JSON).
 pub const CHANGES_ANNOTATION: &str = "nodewarden.dev/drain-changes";
 

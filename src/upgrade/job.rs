@@ -187,14 +187,19 @@ fn affinity(hostname: &str, anti: (&str, String)) -> Affinity {
     }
 }
 
-/// The node is cordoned while the Job runs: tolerate that, plus the plan's own.
+/// The node is cordoned (and, when drained, tainted by its
+/// NodeMaintenance) while the Job runs: tolerate that, plus the plan's own.
 fn tolerations(extra: &[Toleration]) -> Vec<Toleration> {
-    let mut all = vec![Toleration {
-        key: Some("node.kubernetes.io/unschedulable".into()),
+    let no_schedule = |key: &str| Toleration {
+        key: Some(key.into()),
         operator: Some("Exists".into()),
         effect: Some("NoSchedule".into()),
         ..Default::default()
-    }];
+    };
+    let mut all = vec![
+        no_schedule("node.kubernetes.io/unschedulable"),
+        no_schedule(crate::drain::node::DRAIN_TAINT),
+    ];
     all.extend(extra.iter().cloned());
     all
 }

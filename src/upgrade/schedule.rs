@@ -336,7 +336,15 @@ mod tests {
     }
 
     /// what, prep, node, its record, now, expected phase and step.
-    type Row<'a> = (&'a str, Prep, NodeFacts, Option<&'a NodeUpgrade>, i64, Phase, Step);
+    type Row<'a> = (
+        &'a str,
+        Prep,
+        NodeFacts,
+        Option<&'a NodeUpgrade>,
+        i64,
+        Phase,
+        Step,
+    );
 
     #[test]
     fn steps_of_a_node() {

@@ -70,6 +70,16 @@ impl TestEnv {
             workers: 8,
             cloud,
             discover_scaling_groups: None,
+            plans: nodewarden::controllers::plan::PlanConfig {
+                channel_poll: Duration::from_secs(2),
+                recheck: Duration::from_secs(2),
+                settle: Duration::from_secs(3),
+                jobs: nodewarden::upgrade::job::JobDefaults {
+                    backoff_limit: 0,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
         }
     }
 }

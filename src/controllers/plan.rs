@@ -1,0 +1,1140 @@
+//! The Plan controller: applies an in-place upgrade node by node.
+//!
+//! Each reconcile gathers (the plan's version and hash, its nodes, their
+//! NodeMaintenances and Jobs: reads only), decides with the pure functions of
+//! `upgrade::schedule`, carries out one step per applying node, then writes
+//! the status — conditioned on the Plan's resourceVersion, so a stale cache
+//! or a second writer can never add a node beyond `concurrency`. A node is
+//! drained through a NodeMaintenance of its own (PodDisruptionBudgets
+//! honoured, the blocker named, a timeout that ends it), cordoned with a
+//! recorded change when only `cordon` is asked, and released — exactly what
+//! the plan did undone — once it is upgraded and Ready again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use jiff::Timestamp;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource, ResourceExt};
+
+use super::{App, node_is_ready};
+use crate::api::conditions::set_condition;
+use crate::api::node_maintenance::{MaintenancePhase, medik8s};
+use crate::api::plan::{NodeUpgrade, Plan, PlanStatus, node_label};
+use crate::drain::node::{Quarantine, recorded_changes};
+use crate::drain::pods::selector_matches;
+use crate::error::{Error, Result};
+use crate::runtime::controller::{Action, Reconciler};
+use crate::runtime::leader::LeaderHandle;
+use crate::runtime::manager::{Manager, Source, always};
+use crate::runtime::store::{Key, ObjectKey, Store};
+use crate::telemetry::trace::{self, SpanRecord, TRACEPARENT_ANNOTATION, TraceParent};
+use crate::upgrade::job::{HOSTNAME_LABEL, JobDefaults, job_name, parse_go_duration, upgrade_job};
+use crate::upgrade::schedule::{
+    self, Candidate, JobState, Maintenance, NodeDecision, NodeFacts, Phase, Prep, Step,
+};
+use crate::upgrade::window::Window;
+use crate::upgrade::{channel, hash, labels, safe_concat_name};
+
+/// The finalizer that lets a deleted plan undo what it did first.
+pub const FINALIZER: &str = "nodewarden.dev/plan";
+
+/// Plan settings (`nodewarden run` flags).
+#[derive(Clone, Debug)]
+pub struct PlanConfig {
+    /// Watch Plans (and their Jobs) in this namespace only; None: all.
+    pub namespace: Option<String>,
+    /// How often a channel is asked for its latest version (upstream: 15 min).
+    pub channel_poll: Duration,
+    /// How often a plan is looked at without an event (its Secrets' contents).
+    pub recheck: Duration,
+    /// How long a node must be Ready after its Job before the next may start.
+    pub settle: Duration,
+    /// Job settings.
+    pub jobs: JobDefaults,
+}
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        PlanConfig {
+            namespace: None,
+            channel_poll: Duration::from_secs(15 * 60),
+            recheck: Duration::from_secs(30),
+            settle: Duration::from_secs(10),
+            jobs: JobDefaults::default(),
+        }
+    }
+}
+
+/// Registers the Plan controller: Plans, and the Nodes, Jobs and
+/// NodeMaintenances that tell how their nodes are doing.
+pub fn register(manager: &mut Manager, app: &App) {
+    let plans_source = Source {
+        namespace: app.plans.namespace.clone(),
+        ..app.objects.clone()
+    };
+    let jobs_source = Source {
+        namespace: app.plans.namespace.clone(),
+        label_selector: Some(match &app.objects.label_selector {
+            Some(s) => format!("{},{s}", labels::PLAN),
+            None => labels::PLAN.to_string(),
+        }),
+        field_selector: None,
+    };
+    let mut c = manager.controller::<Plan>("plan", &plans_source);
+    let plans = c.store();
+    // Few plans, many nodes: a node change that matters looks at every plan.
+    let all_plans = plans.clone();
+    c.watches(&app.nodes, super::node_changed(), move |_: &Node| {
+        all_plans.keys()
+    });
+    c.watches(&jobs_source, always(), |job: &Job| {
+        plan_of(&job.metadata).into_iter().collect()
+    });
+    c.watches(&app.objects, always(), |m: &medik8s::NodeMaintenance| {
+        plan_of(&m.metadata).into_iter().collect()
+    });
+    let jobs = c.reads::<Job>(&jobs_source);
+    let maintenances = c.reads::<medik8s::NodeMaintenance>(&app.objects);
+    let nodes = c.reads::<Node>(&app.nodes);
+    c.on_failure(app.report_failures());
+    c.register(PlanReconciler {
+        ctx: Arc::new(PlanContext {
+            client: app.client.clone(),
+            leader: app.leader.clone(),
+            recorder: app.recorder.clone(),
+            config: app.plans.clone(),
+            plans,
+            nodes,
+            jobs,
+            maintenances,
+            channels: Mutex::default(),
+            exclusive: tokio::sync::Mutex::new(()),
+        }),
+    });
+}
+
+/// The Plan a Job or NodeMaintenance belongs to, from its labels.
+fn plan_of(meta: &ObjectMeta) -> Option<Key<Plan>> {
+    let l = meta.labels.as_ref()?;
+    let plan = l.get(labels::PLAN)?;
+    let ns = l
+        .get(labels::PLAN_NAMESPACE)
+        .cloned()
+        .or_else(|| meta.namespace.clone())?;
+    Some(Key::new(Some(&ns), plan))
+}
+
+struct PlanContext {
+    client: Client,
+    leader: LeaderHandle,
+    recorder: Recorder,
+    config: PlanConfig,
+    plans: Store<Plan>,
+    nodes: Store<Node>,
+    jobs: Store<Job>,
+    maintenances: Store<medik8s::NodeMaintenance>,
+    /// Per plan: its channel's last answer.
+    channels: Mutex<HashMap<String, ChannelAnswer>>,
+    /// Exclusive plans start nodes one plan at a time.
+    exclusive: tokio::sync::Mutex<()>,
+}
+
+/// What a channel answered, and when.
+struct ChannelAnswer {
+    url: String,
+    answer: std::result::Result<String, String>,
+    at: Instant,
+}
+
+struct PlanReconciler {
+    ctx: Arc<PlanContext>,
+}
+
+impl Reconciler for PlanReconciler {
+    type Object = Plan;
+    type Error = Error;
+
+    async fn reconcile(&self, _key: &Key<Plan>, plan: Option<Arc<Plan>>) -> Result<Action> {
+        let Some(plan) = plan else {
+            return Ok(Action::Done);
+        };
+        if plan.metadata.deletion_timestamp.is_some() {
+            self.finalize(&plan).await?;
+            return Ok(Action::Done);
+        }
+        if !plan.finalizers().iter().any(|f| f == FINALIZER) {
+            // The update brings the plan back through the watch.
+            return self.add_finalizer(&plan).await.map(|_| Action::Done);
+        }
+        let now = Timestamp::now();
+        let mut status = plan.status.clone().unwrap_or_default();
+        let generation = plan.metadata.generation;
+        let validated = self.validate(&plan).await;
+        let resolved = self.resolve(&plan).await;
+        let cs = &mut status.conditions;
+        match &validated {
+            Ok(_) => set_condition(
+                cs,
+                "Validated",
+                true,
+                "Validated",
+                "the plan is valid",
+                generation,
+                now,
+            ),
+            Err(e) => set_condition(cs, "Validated", false, "Error", e.clone(), generation, now),
+        }
+        match &resolved {
+            Ok((v, how)) => set_condition(
+                cs,
+                "LatestResolved",
+                true,
+                how,
+                format!("version {v}"),
+                generation,
+                now,
+            ),
+            Err(e) => set_condition(cs, "LatestResolved", false, "Error", e.clone(), generation, now),
+        }
+        let (Ok((window, secrets)), Ok((version, _))) = (validated, resolved) else {
+            let why = "the plan is invalid or its version unresolved: nothing starts";
+            set_condition(
+                &mut status.conditions,
+                "Complete",
+                false,
+                "Error",
+                why,
+                generation,
+                now,
+            );
+            self.write_status(&plan, status).await?;
+            return Ok(Action::RequeueAfter(self.ctx.config.recheck));
+        };
+        let hash = hash::plan_hash(&version, &plan.spec, &secrets);
+        status.latest_version = Some(version.clone());
+        status.latest_hash = Some(hash.clone());
+        let target = Target {
+            version,
+            hash,
+            window,
+        };
+        let wait = self.roll(&plan, status, &target, now).await?;
+        Ok(Action::RequeueAfter(wait.min(self.ctx.config.recheck)))
+    }
+}
+
+/// What the plan aims at: its resolved version and the hash of it all.
+struct Target {
+    version: String,
+    hash: String,
+    window: Option<Window>,
+}
+
+/// One applying node: what the cluster shows and what to do.
+struct Applying {
+    name: String,
+    decision: NodeDecision,
+}
+
+impl PlanReconciler {
+    /// One round: a step on every applying node, then the new `applying`
+    /// (released nodes off, new ones on) written before anything starts on
+    /// them. Returns how soon to look again.
+    async fn roll(
+        &self,
+        plan: &Plan,
+        mut status: PlanStatus,
+        target: &Target,
+        now: Timestamp,
+    ) -> Result<Duration> {
+        let mut applying = Vec::new();
+        for name in &status.applying {
+            let facts = self.node_facts(plan, name, &target.hash);
+            let record = status.nodes.iter().find(|r| &r.name == name);
+            let decision = schedule::decide_node(
+                prep_of(plan),
+                &target.hash,
+                &facts,
+                record,
+                now,
+                self.ctx.config.settle,
+            );
+            applying.push(Applying {
+                name: name.clone(),
+                decision,
+            });
+        }
+        for a in &applying {
+            self.step(plan, &a.name, a.decision.step, target).await?;
+        }
+        let released: Vec<String> = applying
+            .iter()
+            .filter(|a| a.decision.step == Step::Release)
+            .map(|a| a.name.clone())
+            .collect();
+        let kept: Vec<&Applying> = applying
+            .iter()
+            .filter(|a| a.decision.step != Step::Release)
+            .collect();
+        let _exclusive = match plan.spec.exclusive.unwrap_or(false) {
+            true => Some(self.ctx.exclusive.lock().await),
+            false => None,
+        };
+        let (chosen, blocked) = self.choose(plan, &status, &kept, target, now);
+        let old = status.clone();
+        status.applying = kept
+            .iter()
+            .map(|a| a.name.clone())
+            .chain(chosen.iter().cloned())
+            .collect();
+        status.applying.sort();
+        status.nodes = records(&old, &kept, &chosen, prep_of(plan), &target.hash, now);
+        if !released.is_empty() {
+            status.last_completion_time = Some(Time(now));
+        }
+        let (upgraded, selected) = self.progress(plan, &target.hash);
+        status.progress = Some(format!("{upgraded}/{selected}"));
+        complete_condition(
+            &mut status,
+            plan.metadata.generation,
+            &kept,
+            blocked.as_deref(),
+            upgraded,
+            selected,
+            now,
+        );
+        self.write_status(plan, status.clone()).await?;
+        self.after_write(plan, &old, &status, &released, target, now)
+            .await;
+        Ok(next_look(plan, &status, &kept, now))
+    }
+
+    /// The nodes to start now, or why none may start.
+    fn choose(
+        &self,
+        plan: &Plan,
+        status: &PlanStatus,
+        kept: &[&Applying],
+        target: &Target,
+        now: Timestamp,
+    ) -> (Vec<String>, Option<String>) {
+        let failed = kept
+            .iter()
+            .find(|a| a.decision.phase == Phase::Failed)
+            .map(|a| a.name.as_str());
+        let window_open = target.window.as_ref().is_none_or(|w| w.contains(now));
+        let holder = self.exclusive_holder(plan);
+        let delay_until = delay_until(plan, status);
+        let blocked = schedule::start_blocked(failed, window_open, holder.as_deref(), delay_until, now);
+        let concurrency = plan.spec.concurrency.unwrap_or(1).max(0) as usize;
+        if blocked.is_some() {
+            return (Vec::new(), blocked);
+        }
+        if concurrency == 0 {
+            return (Vec::new(), Some("concurrency is 0: the plan is paused".into()));
+        }
+        let applying: BTreeSet<&str> = kept.iter().map(|a| a.name.as_str()).collect();
+        let candidates: Vec<Candidate> = self
+            .selected_nodes(plan)
+            .into_iter()
+            .filter(|n| !applying.contains(n.name_any().as_str()))
+            .filter(|n| schedule::is_due(hash_label(plan, n).as_deref(), &target.hash))
+            .map(|n| Candidate {
+                name: n.name_any(),
+                uid: n.metadata.uid.clone().unwrap_or_default(),
+                ready: node_is_ready(&n),
+            })
+            .collect();
+        let uid = plan.metadata.uid.clone().unwrap_or_default();
+        (
+            schedule::choose(&uid, &target.hash, kept.len(), concurrency, &candidates),
+            None,
+        )
+    }
+
+    /// Another exclusive plan with nodes applying, when this one is exclusive.
+    fn exclusive_holder(&self, plan: &Plan) -> Option<String> {
+        if !plan.spec.exclusive.unwrap_or(false) {
+            return None;
+        }
+        self.ctx
+            .plans
+            .list()
+            .into_iter()
+            .filter(|p| p.spec.exclusive.unwrap_or(false) && p.metadata.uid != plan.metadata.uid)
+            .find(|p| p.status.as_ref().is_some_and(|s| !s.applying.is_empty()))
+            .map(|p| p.key())
+    }
+
+    /// The nodes the plan's selector picks (that have a hostname to pin a Job to).
+    fn selected_nodes(&self, plan: &Plan) -> Vec<Arc<Node>> {
+        self.ctx
+            .nodes
+            .list()
+            .into_iter()
+            .filter(|n| selects(plan, n))
+            .collect()
+    }
+
+    /// Nodes on the target hash, and nodes selected.
+    fn progress(&self, plan: &Plan, hash: &str) -> (usize, usize) {
+        let selected = self.selected_nodes(plan);
+        let upgraded = selected
+            .iter()
+            .filter(|n| hash_label(plan, n).as_deref() == Some(hash))
+            .count();
+        (upgraded, selected.len())
+    }
+
+    /// What the cluster shows about one applying node.
+    fn node_facts(&self, plan: &Plan, name: &str, hash: &str) -> NodeFacts {
+        let node = self.ctx.nodes.get(&ObjectKey::cluster(name));
+        let plan_name = plan.name_any();
+        let ns = plan.namespace().unwrap_or_default();
+        let current = job_name(&plan_name, name, hash);
+        let job = self
+            .ctx
+            .jobs
+            .get(&ObjectKey::new(Some(&ns), &current))
+            .map(|j| job_state(&j, name))
+            .unwrap_or(JobState::Absent);
+        let earlier_job_running = self.ctx.jobs.list().iter().any(|j| {
+            j.namespace().as_deref() == Some(ns.as_str())
+                && j.labels().get(labels::PLAN) == Some(&plan_name)
+                && j.labels().get(labels::NODE).map(String::as_str) == Some(name)
+                && j.name_any() != current
+                && job_state(j, name) == JobState::Running
+        });
+        let maintenance = self
+            .ctx
+            .maintenances
+            .get(&ObjectKey::cluster(&maintenance_name(plan, name)))
+            .map(|m| maintenance_state(&m))
+            .unwrap_or(Maintenance::Absent);
+        NodeFacts {
+            name: name.to_string(),
+            hash_label: node.as_ref().and_then(|n| hash_label(plan, n)),
+            ready: node.as_deref().is_some_and(node_is_ready),
+            ready_since: node.as_deref().and_then(ready_since),
+            selected: node.as_deref().is_some_and(|n| selects(plan, n)),
+            maintenance,
+            cordoned_by_plan: node
+                .as_deref()
+                .and_then(recorded_changes)
+                .is_some_and(|c| c.owner == owner(plan)),
+            job,
+            earlier_job_running,
+        }
+    }
+}
+
+/// How the plan prepares a node: drain implies cordon.
+fn prep_of(plan: &Plan) -> Prep {
+    match (&plan.spec.drain, plan.spec.cordon.unwrap_or(false)) {
+        (Some(_), _) => Prep::Drain,
+        (None, true) => Prep::Cordon,
+        (None, false) => Prep::Nothing,
+    }
+}
+
+/// Who the plan is in node change records.
+fn owner(plan: &Plan) -> String {
+    format!("plan/{}", plan.key())
+}
+
+/// The plan's NodeMaintenance for `node` (cluster-scoped, so the plan's namespace is in the name).
+pub fn maintenance_name(plan: &Plan, node: &str) -> String {
+    safe_concat_name(&[
+        "plan",
+        plan.metadata.namespace.as_deref().unwrap_or_default(),
+        plan.metadata.name.as_deref().unwrap_or_default(),
+        node,
+    ])
+}
+
+fn selects(plan: &Plan, node: &Node) -> bool {
+    let empty = BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    labels.contains_key(HOSTNAME_LABEL)
+        && node.metadata.deletion_timestamp.is_none()
+        && plan
+            .spec
+            .node_selector
+            .as_ref()
+            .is_some_and(|s| selector_matches(s, labels))
+}
+
+fn hash_label(plan: &Plan, node: &Node) -> Option<String> {
+    node.labels().get(&node_label(&plan.name_any())).cloned()
+}
+
+fn ready_since(node: &Node) -> Option<Timestamp> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
+fn job_state(job: &Job, node: &str) -> JobState {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let find = |t: &str| conditions.and_then(|cs| cs.iter().find(|c| c.type_ == t && c.status == "True"));
+    if find("Complete").is_some() {
+        return JobState::Succeeded;
+    }
+    match find("Failed") {
+        Some(c) => JobState::Failed(format!(
+            "Job {} on node {node} failed: {}{}",
+            job.name_any(),
+            c.reason.as_deref().unwrap_or("Failed"),
+            c.message
+                .as_deref()
+                .map(|m| format!(" ({m})"))
+                .unwrap_or_default()
+        )),
+        None => JobState::Running,
+    }
+}
+
+fn maintenance_state(m: &medik8s::NodeMaintenance) -> Maintenance {
+    let status = m.status.clone().unwrap_or_default();
+    let blockers: Vec<String> = status
+        .blocked_by
+        .iter()
+        .flatten()
+        .map(|b| match b.pdb.as_str() {
+            "" => format!("pod {}", b.pod),
+            pdb => format!("pod {} (PodDisruptionBudget {pdb})", b.pod),
+        })
+        .collect();
+    let mut message = status.last_error.clone().unwrap_or_default();
+    if !blockers.is_empty() {
+        message = format!("{message}; blocked by {}", blockers.join(", "));
+    }
+    match status.phase {
+        Some(MaintenancePhase::Succeeded) => Maintenance::Succeeded,
+        Some(MaintenancePhase::Failed) => {
+            Maintenance::Failed(format!("NodeMaintenance {}: {message}", m.name_any()))
+        }
+        _ => Maintenance::Running(match status.pending_pods_count {
+            Some(n) if n > 0 => format!(
+                "draining: {n} pods left{}",
+                if blockers.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {message}")
+                }
+            ),
+            _ => "draining".into(),
+        }),
+    }
+}
+
+/// When the next node may start after the last completion.
+fn delay_until(plan: &Plan, status: &PlanStatus) -> Option<Timestamp> {
+    let delay = plan
+        .spec
+        .post_complete_delay
+        .as_deref()
+        .and_then(parse_go_duration)?;
+    let last = status.last_completion_time.as_ref()?.0;
+    last.checked_add(jiff::SignedDuration::try_from(delay).ok()?).ok()
+}
+
+/// The per-node records: a kept node keeps its start, trace and (in the
+/// same phase) its phase's start; a new node gets a trace of its own.
+fn records(
+    old: &PlanStatus,
+    kept: &[&Applying],
+    chosen: &[String],
+    prep: Prep,
+    hash: &str,
+    now: Timestamp,
+) -> Vec<NodeUpgrade> {
+    let mut out = Vec::new();
+    for a in kept {
+        let prev = old.nodes.iter().find(|r| r.name == a.name);
+        let phase = a.decision.phase.as_str().to_string();
+        let same = prev.is_some_and(|r| r.phase == phase && r.hash == hash);
+        out.push(NodeUpgrade {
+            name: a.name.clone(),
+            hash: hash.to_string(),
+            phase_since: match (same, prev) {
+                (true, Some(r)) => r.phase_since.clone(),
+                _ => Time(now),
+            },
+            phase,
+            started: prev.map(|r| r.started.clone()).unwrap_or(Time(now)),
+            message: a.decision.message.clone(),
+            traceparent: prev
+                .map(|r| r.traceparent.clone())
+                .unwrap_or_else(|| TraceParent::new_root().header()),
+        });
+    }
+    let first = match prep {
+        Prep::Drain => Phase::Draining,
+        Prep::Cordon => Phase::Cordoning,
+        Prep::Nothing => Phase::Upgrading,
+    };
+    out.extend(chosen.iter().map(|name| NodeUpgrade {
+        name: name.clone(),
+        hash: hash.to_string(),
+        phase: first.as_str().into(),
+        started: Time(now),
+        phase_since: Time(now),
+        message: "starting".into(),
+        traceparent: TraceParent::new_root().header(),
+    }));
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Complete: True once every selected node is on the hash and none applies.
+fn complete_condition(
+    status: &mut PlanStatus,
+    generation: Option<i64>,
+    kept: &[&Applying],
+    blocked: Option<&str>,
+    upgraded: usize,
+    selected: usize,
+    now: Timestamp,
+) {
+    let (ok, reason, message) = if let Some(f) = kept.iter().find(|a| a.decision.phase == Phase::Failed) {
+        let reason = if f.decision.message.starts_with("drain") {
+            "DrainFailed"
+        } else {
+            "JobFailed"
+        };
+        (false, reason, format!("node {}: {}", f.name, f.decision.message))
+    } else if !kept.is_empty() || !status.applying.is_empty() {
+        let nodes: Vec<String> = status
+            .nodes
+            .iter()
+            .map(|r| format!("{} {} ({})", r.name, r.phase, r.message))
+            .collect();
+        (
+            false,
+            "Applying",
+            format!("{upgraded}/{selected} upgraded; {}", nodes.join("; ")),
+        )
+    } else if upgraded < selected {
+        let why = blocked.unwrap_or("waiting for nodes to be Ready");
+        (false, "Waiting", format!("{upgraded}/{selected} upgraded; {why}"))
+    } else {
+        (
+            true,
+            "Complete",
+            format!("all {selected} selected nodes upgraded"),
+        )
+    };
+    set_condition(
+        &mut status.conditions,
+        "Complete",
+        ok,
+        reason,
+        message,
+        generation,
+        now,
+    );
+}
+
+/// How soon to look again: while a node settles or a delay runs out.
+fn next_look(plan: &Plan, status: &PlanStatus, kept: &[&Applying], now: Timestamp) -> Duration {
+    let mut wait = Duration::from_secs(3600);
+    if kept.iter().any(|a| a.decision.phase == Phase::WaitingReady) {
+        wait = wait.min(Duration::from_secs(1));
+    }
+    if let Some(t) = delay_until(plan, status).filter(|t| *t > now) {
+        wait = wait.min(now.duration_until(t).unsigned_abs() + Duration::from_millis(50));
+    }
+    wait
+}
+
+/// Secret name → its data, for the hash.
+type SecretData = BTreeMap<String, BTreeMap<String, ByteString>>;
+
+impl PlanReconciler {
+    /// What admission could not check: the window's time zone, the
+    /// Secrets the hash needs. Upstream's wording where it has one.
+    async fn validate(&self, plan: &Plan) -> std::result::Result<(Option<Window>, SecretData), String> {
+        let spec = &plan.spec;
+        if let Some(d) = &spec.drain
+            && d.delete_emptydir_data.is_some()
+            && d.delete_local_data.is_some()
+        {
+            return Err("spec.drain cannot specify both deleteEmptydirData and deleteLocalData".into());
+        }
+        if let Some(delay) = spec.post_complete_delay.as_deref() {
+            if delay.trim_start().starts_with('-') {
+                return Err("spec.postCompleteDelay is negative".into());
+            }
+            if parse_go_duration(delay).is_none() {
+                return Err(format!("spec.postCompleteDelay {delay:?} is not a duration"));
+            }
+        }
+        let window = spec.window.as_ref().map(Window::parse).transpose()?;
+        let ns = plan.namespace().unwrap_or_default();
+        let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let mut secrets = SecretData::new();
+        for name in hash::hashed_secrets(spec) {
+            match api.get_opt(name).await {
+                Ok(Some(s)) => {
+                    secrets.insert(name.to_string(), s.data.unwrap_or_default());
+                }
+                Ok(None) => {
+                    return Err(format!(
+                        "spec.secrets: secret \"{name}\" not found in namespace {ns}"
+                    ));
+                }
+                Err(e) => return Err(format!("spec.secrets: reading secret \"{name}\": {e}")),
+            }
+        }
+        Ok((window, secrets))
+    }
+
+    /// The version: `spec.version`, else the channel's answer (asked at
+    /// most once per poll interval). Ok carries how: Version or Channel.
+    async fn resolve(&self, plan: &Plan) -> std::result::Result<(String, &'static str), String> {
+        if let Some(v) = plan.spec.version.as_deref().filter(|v| !v.is_empty()) {
+            return Ok((channel::munge(v), "Version"));
+        }
+        let Some(url) = plan.spec.channel.as_deref().filter(|c| !c.is_empty()) else {
+            return Err("cannot resolve plan: missing channel and version".into());
+        };
+        let key = plan.key();
+        let cached = {
+            let channels = self.ctx.channels.lock().unwrap_or_else(|e| e.into_inner());
+            channels
+                .get(&key)
+                .filter(|c| c.url == url && c.at.elapsed() < self.ctx.config.channel_poll)
+                .map(|c| c.answer.clone())
+        };
+        let answer = match cached {
+            Some(answer) => answer,
+            None => {
+                let answer = channel::resolve(url).await.map_err(|e| e.to_string());
+                let mut channels = self.ctx.channels.lock().unwrap_or_else(|e| e.into_inner());
+                channels.insert(
+                    key,
+                    ChannelAnswer {
+                        url: url.to_string(),
+                        answer: answer.clone(),
+                        at: Instant::now(),
+                    },
+                );
+                answer
+            }
+        };
+        answer.map(|v| (v, "Channel"))
+    }
+
+    /// Carries out one node's step.
+    async fn step(&self, plan: &Plan, node: &str, step: Step, target: &Target) -> Result<()> {
+        if step == Step::Wait {
+            return Ok(());
+        }
+        self.ctx.leader.ensure_leader()?;
+        match step {
+            Step::Wait => Ok(()),
+            Step::Drain => self.create_maintenance(plan, node, target).await,
+            Step::Cordon => self.cordon(plan, node).await,
+            Step::CreateJob => self.create_job(plan, node, target).await,
+            Step::Label => self.label(plan, node, target).await,
+            Step::Release => self.release(plan, node).await,
+        }
+    }
+
+    async fn create_maintenance(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
+        let mut labels: BTreeMap<String, String> = plan
+            .labels()
+            .iter()
+            .filter(|(k, _)| !k.contains("cattle.io/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.insert(labels::PLAN.into(), plan.name_any());
+        labels.insert(
+            labels::PLAN_NAMESPACE.into(),
+            plan.namespace().unwrap_or_default(),
+        );
+        let traceparent = self
+            .record_of(plan, node)
+            .map(|r| r.traceparent)
+            .unwrap_or_default();
+        let drain_timeout = plan
+            .spec
+            .drain
+            .as_ref()
+            .and_then(|d| d.timeout.as_ref())
+            .and_then(timeout_of);
+        let m = medik8s::NodeMaintenance {
+            metadata: ObjectMeta {
+                name: Some(maintenance_name(plan, node)),
+                labels: Some(labels),
+                annotations: (!traceparent.is_empty())
+                    .then(|| BTreeMap::from([(TRACEPARENT_ANNOTATION.to_string(), traceparent)])),
+                ..Default::default()
+            },
+            spec: medik8s::NodeMaintenanceSpec {
+                node_name: node.to_string(),
+                reason: Some(format!(
+                    "Plan {} upgrades the node to {}",
+                    plan.key(),
+                    target.version
+                )),
+                drain_timeout,
+                on_drain_timeout: None,
+            },
+            status: None,
+        };
+        let api: Api<medik8s::NodeMaintenance> = Api::all(self.ctx.client.clone());
+        match api.create(&PostParams::default(), &m).await {
+            Ok(_) => {
+                self.event(
+                    plan,
+                    EventType::Normal,
+                    "Draining",
+                    format!("draining node {node}"),
+                );
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn cordon(&self, plan: &Plan, node: &str) -> Result<()> {
+        let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node)) else {
+            return Ok(());
+        };
+        let want = Quarantine {
+            cordon: true,
+            taints: Vec::new(),
+            labels: BTreeMap::new(),
+        };
+        let changed =
+            crate::drain::node::apply(&current, &want, &owner(plan)).map_err(|e| Error::InvalidObject {
+                kind: "Node",
+                name: node.to_string(),
+                reason: e.to_string(),
+            })?;
+        if let Some(changed) = changed {
+            let api: Api<Node> = Api::all(self.ctx.client.clone());
+            api.replace(node, &PostParams::default(), &changed).await?;
+            self.event(plan, EventType::Normal, "Cordon", format!("cordoned node {node}"));
+        }
+        Ok(())
+    }
+
+    async fn create_job(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
+        let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node)) else {
+            return Ok(());
+        };
+        let hostname = current
+            .labels()
+            .get(HOSTNAME_LABEL)
+            .cloned()
+            .unwrap_or_else(|| node.to_string());
+        let job = upgrade_job(
+            plan,
+            node,
+            &hostname,
+            &target.version,
+            &target.hash,
+            &self.ctx.config.jobs,
+        );
+        let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
+        match api.create(&PostParams::default(), &job).await {
+            Ok(j) => {
+                self.event(
+                    plan,
+                    EventType::Normal,
+                    "SyncJob",
+                    format!("Job {} upgrades node {node}", j.name_any()),
+                );
+                Ok(())
+            }
+            // Created before (by this replica or the last leader): one Job per node and hash.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The node gets the hash and postCompleteLabels (with the version and hash expanded).
+    async fn label(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
+        let mut labels = serde_json::Map::new();
+        labels.insert(node_label(&plan.name_any()), target.hash.clone().into());
+        for (k, v) in &plan.spec.post_complete_labels {
+            let v = v
+                .replace("$(LATEST_VERSION)", &target.version)
+                .replace("$(LATEST_HASH)", &target.hash);
+            labels.insert(k.clone(), v.into());
+        }
+        let patch = serde_json::json!({ "metadata": { "labels": labels } });
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        self.event(
+            plan,
+            EventType::Normal,
+            "JobComplete",
+            format!("node {node} upgraded to {}", target.version),
+        );
+        Ok(())
+    }
+
+    /// Undoes exactly what the plan did on `node`: its NodeMaintenance
+    /// (whose undo uncordons only if it cordoned), its cordon record, its
+    /// unfinished Jobs.
+    async fn release(&self, plan: &Plan, node: &str) -> Result<()> {
+        let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.ctx.client.clone());
+        super::delete_if_present(
+            &maintenances,
+            &maintenance_name(plan, node),
+            &DeleteParams::default(),
+        )
+        .await?;
+        if let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node))
+            && let Some(restored) = crate::drain::node::undo(&current, &owner(plan))
+        {
+            let api: Api<Node> = Api::all(self.ctx.client.clone());
+            api.replace(node, &PostParams::default(), &restored).await?;
+        }
+        let ns = plan.namespace().unwrap_or_default();
+        let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let background = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        for job in self.ctx.jobs.list() {
+            let ours = job.namespace().as_deref() == Some(ns.as_str())
+                && job.labels().get(labels::PLAN) == Some(&plan.name_any())
+                && job.labels().get(labels::NODE).map(String::as_str) == Some(node);
+            if ours && job_state(&job, node) == JobState::Running {
+                super::delete_if_present(&jobs, &job.name_any(), &background).await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn record_of(&self, plan: &Plan, node: &str) -> Option<NodeUpgrade> {
+        let current = self
+            .ctx
+            .plans
+            .get(&ObjectKey::new(plan.namespace().as_deref(), &plan.name_any()));
+        current
+            .as_deref()
+            .unwrap_or(plan)
+            .status
+            .as_ref()?
+            .nodes
+            .iter()
+            .find(|r| r.name == node)
+            .cloned()
+    }
+
+    /// Writes the status, conditioned on the resourceVersion the plan was
+    /// read at: a stale read loses (409) and is retried on fresh state.
+    async fn write_status(&self, plan: &Plan, mut status: PlanStatus) -> Result<()> {
+        status.observed_generation = plan.metadata.generation;
+        if plan.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        self.ctx.leader.ensure_leader()?;
+        let mut updated = plan.clone();
+        updated.status = Some(status);
+        let api: Api<Plan> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
+        api.replace_status(&plan.name_any(), &PostParams::default(), &updated)
+            .await?;
+        Ok(())
+    }
+
+    /// Once the status is written: the phase spans that ended, the root
+    /// span of each released node, the Events.
+    async fn after_write(
+        &self,
+        plan: &Plan,
+        old: &PlanStatus,
+        new: &PlanStatus,
+        released: &[String],
+        target: &Target,
+        now: Timestamp,
+    ) {
+        let end = SystemTime::from(now);
+        for r in &old.nodes {
+            let Some(tp) = TraceParent::parse(&r.traceparent) else {
+                continue;
+            };
+            let next = new.nodes.iter().find(|n| n.name == r.name);
+            if next.is_some_and(|n| n.phase == r.phase) {
+                continue;
+            }
+            if let Some(span) = phase_span(&r.phase) {
+                trace::emit_phase(
+                    &tp,
+                    SpanRecord::new(span, SystemTime::from(r.phase_since.0), end)
+                        .attr("k8s.node.name", r.name.clone()),
+                );
+            }
+            if released.contains(&r.name) {
+                trace::emit_phase(
+                    &tp,
+                    SpanRecord::new("uncordon", end, end).attr("k8s.node.name", r.name.clone()),
+                );
+                trace::emit_root(
+                    &tp,
+                    SpanRecord::new("upgrade node", SystemTime::from(r.started.0), end)
+                        .attr("nodewarden.plan", plan.key())
+                        .attr("k8s.node.name", r.name.clone())
+                        .attr("nodewarden.version", target.version.clone())
+                        .attr("nodewarden.hash", target.hash.clone()),
+                );
+                self.event(
+                    plan,
+                    EventType::Normal,
+                    "Upgraded",
+                    format!("node {} upgraded and Ready", r.name),
+                );
+            }
+        }
+        for n in &new.nodes {
+            let was = old.nodes.iter().find(|r| r.name == n.name);
+            if was.is_none() {
+                self.event(
+                    plan,
+                    EventType::Normal,
+                    "Upgrading",
+                    format!("node {} starts applying", n.name),
+                );
+            }
+            if n.phase == Phase::Failed.as_str() && was.is_none_or(|r| r.phase != n.phase) {
+                self.event(
+                    plan,
+                    EventType::Warning,
+                    "JobFailed",
+                    format!("node {}: {}", n.name, n.message),
+                );
+            }
+        }
+        let complete = |s: &PlanStatus| crate::api::conditions::is_true(&s.conditions, "Complete");
+        if complete(new) && !complete(old) {
+            self.event(
+                plan,
+                EventType::Normal,
+                "Complete",
+                format!("every selected node runs {}", target.version),
+            );
+        }
+    }
+
+    fn event(&self, plan: &Plan, type_: EventType, reason: &str, note: String) {
+        let recorder = self.ctx.recorder.clone();
+        let reference = plan.object_ref(&());
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Upgrade".into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::debug!(error = %e, "publishing a plan event failed");
+            }
+        });
+    }
+
+    async fn add_finalizer(&self, plan: &Plan) -> Result<()> {
+        self.ctx.leader.ensure_leader()?;
+        let mut finalizers = plan.finalizers().to_vec();
+        finalizers.push(FINALIZER.into());
+        let patch = serde_json::json!({
+            "metadata": { "finalizers": finalizers, "resourceVersion": plan.resource_version() }
+        });
+        let api: Api<Plan> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
+        api.patch(&plan.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// A deleted plan: release every node it touched (those it lists, and
+    /// any that still carry its cordon record or NodeMaintenance), then let go.
+    async fn finalize(&self, plan: &Plan) -> Result<()> {
+        if !plan.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let mut nodes: BTreeSet<String> = plan
+            .status
+            .iter()
+            .flat_map(|s| s.applying.iter().cloned())
+            .collect();
+        let me = owner(plan);
+        for n in self.ctx.nodes.list() {
+            if recorded_changes(&n).is_some_and(|c| c.owner == me) {
+                nodes.insert(n.name_any());
+            }
+        }
+        for m in self.ctx.maintenances.list() {
+            if plan_of(&m.metadata).is_some_and(|k| {
+                k.untyped() == &ObjectKey::new(plan.namespace().as_deref(), &plan.name_any())
+            }) {
+                nodes.insert(m.spec.node_name.clone());
+            }
+        }
+        for node in &nodes {
+            self.ctx.leader.ensure_leader()?;
+            self.release(plan, node).await?;
+        }
+        let finalizers: Vec<String> = plan
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        let patch = serde_json::json!({
+            "metadata": { "finalizers": finalizers, "resourceVersion": plan.resource_version() }
+        });
+        let api: Api<Plan> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
+        match api
+            .patch(&plan.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A phase's span name in the node's trace.
+fn phase_span(phase: &str) -> Option<&'static str> {
+    Some(match phase {
+        "Cordoning" => "cordon",
+        "Draining" => "drain",
+        "Upgrading" => "job",
+        "WaitingReady" => "wait ready",
+        _ => return None,
+    })
+}
+
+/// drain.timeout as a NodeMaintenance drainTimeout: nanoseconds or a Go duration.
+fn timeout_of(t: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString) -> Option<String> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let d = match t {
+        IntOrString::Int(ns) if *ns > 0 => Duration::from_nanos(*ns as u64),
+        IntOrString::Int(_) => return None,
+        IntOrString::String(s) => parse_go_duration(s)?,
+    };
+    // drainTimeout takes whole milliseconds at least.
+    Some(format!("{}ms", d.as_millis().max(1)))
+}

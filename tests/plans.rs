@@ -1,0 +1,684 @@
+//! In-place upgrade Plans (`upgrade.cattle.io/v1`) against the real control
+//! plane: the real Job controller runs the upgrade Jobs, kwok completes or
+//! fails their pods (`nodewarden.dev/kwok-job: fail` on the plan's labels,
+//! which its Jobs' pods inherit), the real scheduler places them, the API
+//! server enforces PodDisruptionBudgets and the CRD's CEL rules.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodewarden::api::plan::{Plan, node_label};
+use serde_json::{Value, json};
+use support::{Probe, RUN_LABEL, TestEnv, node_is_ready, seen, wait_for};
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn plans(env: &TestEnv, ns: &str) -> Api<Plan> {
+    Api::namespaced(env.client.clone(), ns)
+}
+
+/// A Plan of the test (run label) in its namespace.
+async fn create_plan(
+    env: &TestEnv,
+    name: &str,
+    labels: Value,
+    spec: Value,
+) -> Result<DynamicObject, kube::Error> {
+    let mut all = json!({ RUN_LABEL: env.id });
+    if let (Some(all), Some(extra)) = (all.as_object_mut(), labels.as_object()) {
+        all.extend(extra.clone());
+    }
+    // Untyped, so specs the Rust type would refuse reach the API server.
+    let plan: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "upgrade.cattle.io/v1",
+        "kind": "Plan",
+        "metadata": {"name": name, "namespace": env.namespace, "labels": all},
+        "spec": spec,
+    }))
+    .expect("a plan");
+    let resource = ApiResource::erase::<Plan>(&());
+    Api::<DynamicObject>::namespaced_with(env.client.clone(), &env.namespace, &resource)
+        .create(&PostParams::default(), &plan)
+        .await
+}
+
+async fn node(env: &TestEnv, name: &str) -> Node {
+    Api::<Node>::all(env.client.clone())
+        .get(name)
+        .await
+        .expect("reading a node")
+}
+
+fn cordoned(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+/// Waits until every node carries `plan`'s label with the plan's latest hash; returns the hash.
+async fn wait_upgraded(env: &TestEnv, ns: &str, plan: &str, nodes: &[String], timeout: Duration) -> String {
+    wait_for(&format!("{nodes:?} upgraded by {plan}"), timeout, || async {
+        let p = match plans(env, ns).get(plan).await {
+            Ok(p) => p,
+            Err(e) => return Probe::NotYet(seen(e)),
+        };
+        let Some(hash) = p.status.as_ref().and_then(|s| s.latest_hash.clone()) else {
+            return Probe::NotYet(format!("no hash yet: {:?}", p.status));
+        };
+        let mut behind = Vec::new();
+        for n in nodes {
+            let got = node(env, n).await.labels().get(&node_label(plan)).cloned();
+            if got.as_deref() != Some(hash.as_str()) {
+                behind.push(format!("{n}={got:?}"));
+            }
+        }
+        if behind.is_empty() {
+            Probe::Done(hash)
+        } else {
+            Probe::NotYet(format!("behind: {behind:?}; status {:?}", p.status))
+        }
+    })
+    .await
+}
+
+/// Waits for the Plan's condition `type_` to have `status` and returns its message.
+async fn wait_condition(env: &TestEnv, plan: &str, type_: &str, status: &str, reason: &str) -> String {
+    wait_for(&format!("{plan} {type_}={status} {reason}"), TIMEOUT, || async {
+        match plans(env, &env.namespace).get(plan).await {
+            Ok(p) => {
+                let c = p
+                    .status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter())
+                    .find(|c| c.type_ == type_)
+                    .cloned();
+                match c {
+                    Some(c) if c.status == status && c.reason == reason => Probe::Done(c.message),
+                    other => Probe::NotYet(format!("{other:?}")),
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await
+}
+
+async fn delete_plan_and_wait(env: &TestEnv, ns: &str, name: &str) {
+    let api = plans(env, ns);
+    let _ = api.delete(name, &DeleteParams::default()).await;
+    wait_for(&format!("plan {name} gone"), TIMEOUT, || async {
+        match api.get_opt(name).await {
+            Ok(None) => Probe::Done(()),
+            Ok(Some(p)) => Probe::NotYet(format!("finalizers {:?}", p.finalizers())),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+}
+
+fn upgrade(image: &str) -> Value {
+    json!({"image": image, "command": ["upgrade"], "args": ["--now"]})
+}
+
+#[tokio::test]
+async fn the_seed_plan_applies_unchanged_and_upgrades_its_nodes() {
+    let env = TestEnv::new("plan-seed").await;
+    support::install_crds(&env.client).await;
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "k3os-system"}})).expect("a namespace");
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating k3os-system: {e}"),
+    }
+    // Strict validation: an unknown or misspelt field would fail the apply.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("manifests/samples/upgrade-plan-k3os.yaml");
+    let text = std::fs::read_to_string(&path).expect("reading the sample");
+    let doc: Value =
+        serde_norway::from_str(text.split("\n---\n").nth(1).expect("one document")).expect("yaml");
+    let api = plans(&env, "k3os-system");
+    let params = PatchParams::apply("plans-test").force().validation_strict();
+    let applied: Plan = serde_json::from_value(doc.clone()).expect("a plan");
+    api.patch("k3os-latest", &params, &Patch::Apply(&applied))
+        .await
+        .expect("seed 003's Plan applies");
+    // Only this test's operator may see it: its run label (the spec stays the seed's).
+    let label = json!({"metadata": {"labels": {RUN_LABEL: env.id}}});
+    api.patch("k3os-latest", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("labelling");
+
+    let nodes = env
+        .create_kwok_nodes(
+            2,
+            &[
+                ("plan.upgrade.cattle.io/k3os-latest", ""),
+                ("k3os.io/mode", "local"),
+            ],
+        )
+        .await;
+    let live = env
+        .create_kwok_nodes(
+            1,
+            &[
+                ("plan.upgrade.cattle.io/k3os-latest", ""),
+                ("k3os.io/mode", "live"),
+            ],
+        )
+        .await;
+    let operator = env.start_operator(Default::default()).await;
+    let hash = wait_upgraded(&env, "k3os-system", "k3os-latest", &nodes, TIMEOUT).await;
+    let p = api.get("k3os-latest").await.expect("the plan");
+    let status = p.status.expect("a status");
+    assert_eq!(
+        status.latest_version.as_deref(),
+        Some("v0.9.0-dev"),
+        "version wins over channel"
+    );
+    assert_eq!(hash.len(), 56);
+    // The live node is not selected; drained nodes are released (uncordoned).
+    assert_ne!(
+        node(&env, &live[0])
+            .await
+            .labels()
+            .get("plan.upgrade.cattle.io/k3os-latest"),
+        Some(&hash)
+    );
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), "k3os-system");
+    for n in &nodes {
+        let lp = ListParams::default().labels(&format!("upgrade.cattle.io/node={n}"));
+        let js = jobs.list(&lp).await.expect("listing jobs");
+        assert_eq!(js.items.len(), 1, "one Job per node and hash");
+        let job = &js.items[0];
+        assert!(
+            job.name_any().starts_with("apply-k3os-latest-on-"),
+            "{}",
+            job.name_any()
+        );
+        let pod = job
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .expect("a pod spec");
+        assert_eq!(
+            pod.containers[0].image.as_deref(),
+            Some("rancher/k3os:v0.9.0-dev")
+        );
+        wait_for(&format!("{n} uncordoned"), TIMEOUT, || async {
+            if cordoned(&node(&env, n).await) {
+                Probe::NotYet("cordoned".into())
+            } else {
+                Probe::Done(())
+            }
+        })
+        .await;
+    }
+    wait_condition_in(&env, "k3os-system", "k3os-latest", "Complete", "True").await;
+    delete_plan_and_wait(&env, "k3os-system", "k3os-latest").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+async fn wait_condition_in(env: &TestEnv, ns: &str, plan: &str, type_: &str, status: &str) {
+    wait_for(&format!("{plan} {type_}={status}"), TIMEOUT, || async {
+        match plans(env, ns).get(plan).await {
+            Ok(p) => {
+                let ok = p
+                    .status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter())
+                    .any(|c| c.type_ == type_ && c.status == status);
+                if ok {
+                    Probe::Done(())
+                } else {
+                    Probe::NotYet(format!("{:?}", p.status))
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn bad_plans_are_refused_with_a_clear_message() {
+    let env = TestEnv::new("plan-bad").await;
+    support::install_crds(&env.client).await;
+    let table = [
+        (
+            json!({"version": "v1", "upgrade": upgrade("x"), "drain": {"deleteEmptydirData": true, "deleteLocalData": true}}),
+            "spec.drain cannot specify both deleteEmptydirData and deleteLocalData",
+        ),
+        (
+            json!({"version": "v1", "upgrade": upgrade("x"), "postCompleteDelay": "-5s"}),
+            "spec.postCompleteDelay is negative",
+        ),
+        (
+            json!({"upgrade": upgrade("x")}),
+            "cannot resolve plan: missing channel and version",
+        ),
+        (
+            json!({"version": "", "channel": "", "upgrade": upgrade("x")}),
+            "cannot resolve plan: missing channel and version",
+        ),
+        (
+            json!({"version": "v1", "upgrade": upgrade("x"), "window": {"days": ["someday"]}}),
+            "spec.window.days",
+        ),
+        (
+            json!({"version": "v1", "upgrade": upgrade("x"), "window": {"days": ["mon"], "startTime": "25:00"}}),
+            "spec.window.startTime",
+        ),
+        (json!({"version": "v1"}), "upgrade"),
+        (
+            json!({"version": "v1", "upgrade": upgrade("x"), "concurrency": -1}),
+            "spec.concurrency must not be negative",
+        ),
+    ];
+    for (i, (spec, want)) in table.into_iter().enumerate() {
+        let err = create_plan(&env, &format!("bad-{i}"), json!({}), spec.clone())
+            .await
+            .expect_err(&format!("{spec} must be refused"));
+        assert!(
+            err.to_string().contains(want),
+            "{spec}: {err} should say {want:?}"
+        );
+    }
+    // What CEL cannot see: an unknown time zone, a missing Secret.
+    let _operator = env.start_operator(Default::default()).await;
+    let spec = json!({"version": "v1", "upgrade": upgrade("x"), "window": {"days": ["mon"], "timeZone": "Mars/Olympus"}});
+    create_plan(&env, "zone", json!({}), spec)
+        .await
+        .expect("creating");
+    let m = wait_condition(&env, "zone", "Validated", "False", "Error").await;
+    assert!(
+        m.contains("spec.window is invalid") && m.contains("Mars/Olympus"),
+        "{m}"
+    );
+    let spec =
+        json!({"version": "v1", "upgrade": upgrade("x"), "secrets": [{"name": "missing", "path": "/s"}]});
+    create_plan(&env, "secret", json!({}), spec)
+        .await
+        .expect("creating");
+    let m = wait_condition(&env, "secret", "Validated", "False", "Error").await;
+    assert!(m.contains("\"missing\" not found"), "{m}");
+    for name in ["zone", "secret"] {
+        delete_plan_and_wait(&env, &env.namespace, name).await;
+    }
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failed_job_holds_its_node_and_deleting_the_plan_undoes_only_its_cordons() {
+    let env = TestEnv::new("plan-fail").await;
+    let nodes = env.create_kwok_nodes(3, &[("upgrade-me", "yes")]).await;
+    let nodes_api: Api<Node> = Api::all(env.client.clone());
+    // An admin cordoned the first node before the plan ran.
+    let cordon = json!({"spec": {"unschedulable": true}});
+    nodes_api
+        .patch(&nodes[0], &PatchParams::default(), &Patch::Merge(&cordon))
+        .await
+        .expect("admin cordon");
+    let operator = env.start_operator(Default::default()).await;
+    let spec = json!({
+        "concurrency": 2, "version": "v2", "cordon": true,
+        "nodeSelector": {"matchLabels": {"upgrade-me": "yes"}},
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    // Every Job of this plan fails (kwok Stage on the pods' label).
+    create_plan(&env, "failing", json!({"nodewarden.dev/kwok-job": "fail"}), spec)
+        .await
+        .expect("creating the plan");
+    let message = wait_condition(&env, "failing", "Complete", "False", "JobFailed").await;
+    assert!(
+        message.contains("Job apply-failing-on-") && message.contains("failed"),
+        "{message}"
+    );
+    // Give the plan time to (wrongly) start the third node.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let p = plans(&env, &env.namespace)
+        .get("failing")
+        .await
+        .expect("the plan");
+    let status = p.status.expect("a status");
+    assert_eq!(status.applying.len(), 2, "{status:?}");
+    let failed: BTreeSet<&String> = status.applying.iter().collect();
+    let untouched: Vec<&String> = nodes.iter().filter(|n| !failed.contains(n)).collect();
+    assert_eq!(untouched.len(), 1);
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
+    let lp = ListParams::default().labels(&format!("upgrade.cattle.io/node={}", untouched[0]));
+    assert!(
+        jobs.list(&lp).await.expect("jobs").items.is_empty(),
+        "nothing else starts after a failure"
+    );
+    for n in &status.applying {
+        assert!(cordoned(&node(&env, n).await), "failed node {n} stays cordoned");
+    }
+    delete_plan_and_wait(&env, &env.namespace, "failing").await;
+    for n in &nodes {
+        let c = cordoned(&node(&env, n).await);
+        assert_eq!(c, n == &nodes[0], "{n}: only the admin's cordon remains");
+    }
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// A channel server: answers 302 to `<base>/<current version>`.
+struct Channel {
+    url: String,
+    version: Arc<Mutex<String>>,
+}
+
+impl Channel {
+    async fn start(version: &str) -> Channel {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding");
+        let addr = listener.local_addr().expect("an address");
+        let current = Arc::new(Mutex::new(version.to_string()));
+        let v = current.clone();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let version = v.lock().expect("the version").clone();
+                let answer = format!(
+                    "HTTP/1.1 302 Found\r\nLocation: https://releases.example/k3s/releases/tag/{version}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            }
+        });
+        Channel {
+            url: format!("http://{addr}/v1-release/channels/stable"),
+            version: current,
+        }
+    }
+
+    fn set(&self, version: &str) {
+        *self.version.lock().expect("the version") = version.to_string();
+    }
+}
+
+#[tokio::test]
+async fn a_channel_redirect_sets_the_version_and_a_new_one_reruns_the_plan() {
+    let env = TestEnv::new("plan-channel").await;
+    let channel = Channel::start("v1.2.3+k3s1").await;
+    let nodes = env.create_kwok_nodes(2, &[("channel", "yes")]).await;
+    let operator = env.start_operator(Default::default()).await;
+    let spec = json!({
+        "concurrency": 2, "channel": channel.url,
+        "nodeSelector": {"matchLabels": {"channel": "yes"}},
+        "upgrade": {"image": "rancher/k3s-upgrade"},
+    });
+    create_plan(&env, "k3s", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    let first = wait_upgraded(&env, &env.namespace, "k3s", &nodes, TIMEOUT).await;
+    let p = plans(&env, &env.namespace).get("k3s").await.expect("the plan");
+    assert_eq!(
+        p.status.as_ref().and_then(|s| s.latest_version.as_deref()),
+        Some("v1.2.3-k3s1")
+    );
+    let reason = p
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .find(|c| c.type_ == "LatestResolved")
+        .map(|c| c.reason.clone());
+    assert_eq!(reason.as_deref(), Some("Channel"));
+    channel.set("v1.2.4+k3s1");
+    wait_for("the channel's new version", TIMEOUT, || async {
+        let p = plans(&env, &env.namespace).get("k3s").await.expect("the plan");
+        match p.status.and_then(|s| s.latest_version) {
+            Some(v) if v == "v1.2.4-k3s1" => Probe::Done(()),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+    let second = wait_upgraded(&env, &env.namespace, "k3s", &nodes, TIMEOUT).await;
+    assert_ne!(first, second, "a new version is a new hash");
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
+    let lp = ListParams::default().labels("upgrade.cattle.io/plan=k3s,upgrade.cattle.io/version=v1.2.4-k3s1");
+    assert_eq!(
+        jobs.list(&lp).await.expect("jobs").items.len(),
+        2,
+        "every node ran the new version"
+    );
+    delete_plan_and_wait(&env, &env.namespace, "k3s").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+async fn put_secret(env: &TestEnv, name: &str, value: &str) {
+    let s: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "stringData": {"token": value},
+    }))
+    .expect("a secret");
+    let api: Api<Secret> = Api::namespaced(env.client.clone(), &env.namespace);
+    let params = PatchParams::apply("plans-test").force();
+    api.patch(name, &params, &Patch::Apply(&s))
+        .await
+        .expect("writing a secret");
+}
+
+#[tokio::test]
+async fn a_changed_secret_reruns_the_plan_unless_its_updates_are_ignored() {
+    let env = TestEnv::new("plan-secret").await;
+    put_secret(&env, "watched", "a").await;
+    put_secret(&env, "ignored", "a").await;
+    let watched_nodes = env.create_kwok_nodes(1, &[("secret", "watched")]).await;
+    let ignored_nodes = env.create_kwok_nodes(1, &[("secret", "ignored")]).await;
+    let operator = env.start_operator(Default::default()).await;
+    for (plan, secret, ignore) in [("watched", "watched", false), ("ignored", "ignored", true)] {
+        let spec = json!({
+            "version": "v1",
+            "nodeSelector": {"matchLabels": {"secret": plan}},
+            "secrets": [{"name": secret, "path": "/run/secret", "ignoreUpdates": ignore}],
+            "upgrade": upgrade("example.invalid/upgrade"),
+        });
+        create_plan(&env, plan, json!({}), spec)
+            .await
+            .expect("creating a plan");
+    }
+    let watched = wait_upgraded(&env, &env.namespace, "watched", &watched_nodes, TIMEOUT).await;
+    let ignored = wait_upgraded(&env, &env.namespace, "ignored", &ignored_nodes, TIMEOUT).await;
+    put_secret(&env, "watched", "b").await;
+    put_secret(&env, "ignored", "b").await;
+    let rerun = wait_for("the watched plan's new hash", TIMEOUT, || async {
+        let p = plans(&env, &env.namespace)
+            .get("watched")
+            .await
+            .expect("the plan");
+        match p.status.and_then(|s| s.latest_hash) {
+            Some(h) if h != watched => Probe::Done(h),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+    wait_upgraded(&env, &env.namespace, "watched", &watched_nodes, TIMEOUT).await;
+    let p = plans(&env, &env.namespace)
+        .get("ignored")
+        .await
+        .expect("the plan");
+    assert_eq!(
+        p.status.and_then(|s| s.latest_hash),
+        Some(ignored.clone()),
+        "ignoreUpdates: same hash"
+    );
+    assert_ne!(rerun, watched);
+    for plan in ["watched", "ignored"] {
+        delete_plan_and_wait(&env, &env.namespace, plan).await;
+    }
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_drain_a_pdb_blocks_ends_at_its_timeout_naming_the_pdb() {
+    let env = TestEnv::new("plan-pdb").await;
+    let nodes = env.create_kwok_nodes(2, &[("pdb-plan", "yes")]).await;
+    env.create_deployment("guarded", 2, json!({"kubernetes.io/hostname": nodes[0]}))
+        .await;
+    wait_for("2 guarded pods Ready", TIMEOUT, || async {
+        let d = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.client.clone(), &env.namespace)
+            .get("guarded")
+            .await;
+        match d.map(|d| d.status.and_then(|s| s.ready_replicas).unwrap_or(0)) {
+            Ok(2) => Probe::Done(()),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "never"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
+    }))
+    .expect("a pdb");
+    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("creating the pdb");
+    let operator = env.start_operator(Default::default()).await;
+    let spec = json!({
+        "concurrency": 2, "version": "v2",
+        "nodeSelector": {"matchLabels": {"pdb-plan": "yes"}},
+        "drain": {"timeout": "5s", "force": true},
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    create_plan(&env, "blocked", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    let message = wait_condition(&env, "blocked", "Complete", "False", "DrainFailed").await;
+    assert!(
+        message.contains(&nodes[0]) && message.contains("never"),
+        "names the node and the PDB: {message}"
+    );
+    assert!(
+        cordoned(&node(&env, &nodes[0]).await),
+        "the blocked node stays cordoned"
+    );
+    delete_plan_and_wait(&env, &env.namespace, "blocked").await;
+    assert!(
+        !cordoned(&node(&env, &nodes[0]).await),
+        "deleting the plan releases it"
+    );
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// Everything a checker saw breach.
+#[derive(Default)]
+struct Breaches(Mutex<Vec<String>>);
+
+#[tokio::test]
+async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
+    let env = TestEnv::new("plan-eight").await;
+    let nodes = env.create_kwok_nodes(8, &[("fleet", "eight")]).await;
+    env.create_deployment("web", 6, json!({"fleet": "eight"})).await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+    }))
+    .expect("a pdb");
+    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("creating the pdb");
+    let operator = env.start_operator(Default::default()).await;
+    let spec = json!({
+        "concurrency": 2, "version": "v2",
+        "nodeSelector": {"matchLabels": {"fleet": "eight"}},
+        "drain": {"timeout": "60s"},
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    create_plan(&env, "fleet", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    let breaches = Arc::new(Breaches::default());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let checker = tokio::spawn(check_plan(
+        env.client.clone(),
+        env.namespace.clone(),
+        nodes.clone(),
+        breaches.clone(),
+        stop.clone(),
+    ));
+    wait_upgraded(&env, &env.namespace, "fleet", &nodes, Duration::from_secs(240)).await;
+    stop.cancel();
+    let samples = checker.await.expect("the checker");
+    let seen = breaches.0.lock().expect("breaches").clone();
+    assert!(seen.is_empty(), "breaches: {seen:#?}");
+    assert!(samples > 20, "the checker looked {samples} times");
+    delete_plan_and_wait(&env, &env.namespace, "fleet").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// Polls the plan, the nodes and the PDB until stopped: never more than 2
+/// applying, never a node started while an earlier one is not Ready, the
+/// PDB never broken. Returns how many samples it took.
+async fn check_plan(
+    client: Client,
+    ns: String,
+    nodes: Vec<String>,
+    breaches: Arc<Breaches>,
+    stop: tokio_util::sync::CancellationToken,
+) -> usize {
+    let plans: Api<Plan> = Api::namespaced(client.clone(), &ns);
+    let node_api: Api<Node> = Api::all(client.clone());
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    let mut started: BTreeMap<String, usize> = BTreeMap::new();
+    let mut samples = 0;
+    while !stop.is_cancelled() {
+        samples += 1;
+        let breach = |what: String| breaches.0.lock().expect("breaches").push(what);
+        if let Ok(p) = plans.get("fleet").await {
+            let applying = p.status.map(|s| s.applying).unwrap_or_default();
+            if applying.len() > 2 {
+                breach(format!(
+                    "sample {samples}: {} applying: {applying:?}",
+                    applying.len()
+                ));
+            }
+            let mut not_ready = Vec::new();
+            for n in &nodes {
+                if let Ok(node) = node_api.get(n).await
+                    && !node_is_ready(&node)
+                {
+                    not_ready.push(n.clone());
+                }
+            }
+            for n in &applying {
+                if !started.contains_key(n) {
+                    // A node starts: every node that finished must be Ready.
+                    let finished_not_ready: Vec<&String> = not_ready
+                        .iter()
+                        .filter(|m| started.contains_key(*m) && !applying.contains(m))
+                        .collect();
+                    if !finished_not_ready.is_empty() {
+                        breach(format!("{n} started while {finished_not_ready:?} not Ready"));
+                    }
+                    started.insert(n.clone(), samples);
+                }
+            }
+        }
+        if let Ok(b) = pdbs.get("web").await
+            && let Some(s) = b.status
+            && s.current_healthy < s.desired_healthy
+        {
+            breach(format!("PDB broken: {s:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    samples
+}
