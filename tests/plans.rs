@@ -1,8 +1,7 @@
 //! In-place upgrade Plans (`upgrade.cattle.io/v1`) against the real control
-//! plane: the real Job controller runs the upgrade Jobs, kwok completes or
-//! fails their pods (`nodewarden.dev/kwok-job: fail` on the plan's labels,
-//! which its Jobs' pods inherit), the real scheduler places them, the API
-//! server enforces PodDisruptionBudgets and the CRD's CEL rules.
+//! plane: the real Job controller runs the upgrade Jobs (and fails them at
+//! their deadline), the real scheduler places their pods and kwok completes
+//! them, the API server enforces PodDisruptionBudgets and the CRD's CEL rules.
 
 mod support;
 
@@ -321,6 +320,15 @@ async fn a_failed_job_holds_its_node_and_deleting_the_plan_undoes_only_its_cordo
     let env = TestEnv::new("plan-fail").await;
     let nodes = env.create_kwok_nodes(3, &[("upgrade-me", "yes")]).await;
     let nodes_api: Api<Node> = Api::all(env.client.clone());
+    // A taint the upgrade pods do not tolerate: they stay Pending until the
+    // Job's deadline fails the Job (the real Job controller's DeadlineExceeded).
+    let taint = json!({"spec": {"taints": [{"key": "example.com/hold", "effect": "NoSchedule"}]}});
+    for n in &nodes {
+        nodes_api
+            .patch(n, &PatchParams::default(), &Patch::Merge(&taint))
+            .await
+            .expect("tainting");
+    }
     // An admin cordoned the first node before the plan ran.
     let cordon = json!({"spec": {"unschedulable": true}});
     nodes_api
@@ -329,12 +337,11 @@ async fn a_failed_job_holds_its_node_and_deleting_the_plan_undoes_only_its_cordo
         .expect("admin cordon");
     let operator = env.start_operator(Default::default()).await;
     let spec = json!({
-        "concurrency": 2, "version": "v2", "cordon": true,
+        "concurrency": 2, "version": "v2", "cordon": true, "jobActiveDeadlineSecs": 3,
         "nodeSelector": {"matchLabels": {"upgrade-me": "yes"}},
         "upgrade": upgrade("example.invalid/upgrade"),
     });
-    // Every Job of this plan fails (kwok Stage on the pods' label).
-    create_plan(&env, "failing", json!({"nodewarden.dev/kwok-job": "fail"}), spec)
+    create_plan(&env, "failing", json!({}), spec)
         .await
         .expect("creating the plan");
     let message = wait_condition(&env, "failing", "Complete", "False", "JobFailed").await;
