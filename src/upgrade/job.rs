@@ -391,39 +391,13 @@ fn label_value(version: &str) -> String {
         .to_string()
 }
 
-/// A Go duration (`1h30m`, `90s`, `500ms`); None when it is not one.
+/// A Go duration (`1h30m`, `90s`, `500ms`, `0`); None when it is not one
+/// (a sign included: a negative delay is refused, not read).
 pub fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
-    let s = s.trim();
-    if s == "0" {
-        return Some(std::time::Duration::ZERO);
+    match s.trim() {
+        "0" => Some(std::time::Duration::ZERO),
+        other => crate::api::node_maintenance::parse_duration(other),
     }
-    let mut total = 0f64;
-    let mut rest = s;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        total += number * scale;
-        rest = &rest[unit_len..];
-    }
-    Some(std::time::Duration::from_secs_f64(total))
 }
 
 #[cfg(test)]
