@@ -62,19 +62,7 @@ pub fn upgrade_job(
     let name = plan.metadata.name.clone().unwrap_or_default();
     let spec = &plan.spec;
     let exclusive = spec.exclusive.unwrap_or(false).to_string();
-    let mut job_labels = BTreeMap::from([
-        (labels::CONTROLLER.to_string(), "nodewarden".to_string()),
-        (labels::EXCLUSIVE.to_string(), exclusive.clone()),
-        (labels::NODE.to_string(), node.to_string()),
-        (labels::PLAN.to_string(), name.clone()),
-        (labels::VERSION.to_string(), label_value(version)),
-        (node_label(&name), hash.to_string()),
-    ]);
-    for (k, v) in plan.metadata.labels.iter().flatten() {
-        if !k.contains("cattle.io/") {
-            job_labels.insert(k.clone(), v.clone());
-        }
-    }
+    let job_labels = job_labels(plan, node, version, hash);
     let mut ttl = defaults.ttl_after_finished_secs;
     // Keep the finished Job past postCompleteDelay, plus a minute (upstream's rule).
     if let Some(delay) = spec.post_complete_delay.as_deref().and_then(parse_go_duration) {
@@ -138,6 +126,28 @@ pub fn upgrade_job(
         }),
         ..Default::default()
     }
+}
+
+/// Upstream's labels (plan, node, version, hash, exclusive) plus the plan's own.
+fn job_labels(plan: &Plan, node: &str, version: &str, hash: &str) -> BTreeMap<String, String> {
+    let name = plan.metadata.name.clone().unwrap_or_default();
+    let mut all = BTreeMap::from([
+        (labels::CONTROLLER.to_string(), "nodewarden".to_string()),
+        (
+            labels::EXCLUSIVE.to_string(),
+            plan.spec.exclusive.unwrap_or(false).to_string(),
+        ),
+        (labels::NODE.to_string(), node.to_string()),
+        (labels::PLAN.to_string(), name.clone()),
+        (labels::VERSION.to_string(), label_value(version)),
+        (node_label(&name), hash.to_string()),
+    ]);
+    for (k, v) in plan.metadata.labels.iter().flatten() {
+        if !k.contains("cattle.io/") {
+            all.insert(k.clone(), v.clone());
+        }
+    }
+    all
 }
 
 /// The plan as the Jobs' controlling owner: deleting the plan deletes them.
