@@ -10,11 +10,13 @@ use std::path::{Path, PathBuf};
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
+use nodewarden::cloud::error::CloudErrorKind;
+use nodewarden::runtime::error::Category;
 use nodewarden::runtime::rate_limiter::default_rate_limiter;
 use nodewarden::runtime::workqueue::WorkQueue;
 use nodewarden::telemetry::metrics::{
-    CloudErrorLabels, CloudLabels, ControllerLabels, ErrorLabels, Metrics, NodeStateLabels,
-    NodeVersionLabels, ResultLabels,
+    CloudErrorLabels, CloudLabels, CloudOperation, ControllerLabels, DrainResult, ErrorLabels, Metrics,
+    NodeState, NodeStateLabels, NodeVersionLabels, ResultLabels,
 };
 use serde_json::{Value, json};
 use support::manifests::{Applied, apply, describe, documents, file_name, gvk_of, is_namespace, to_object};
@@ -386,7 +388,7 @@ fn populated_metrics() -> Metrics {
     metrics.reconciles.get_or_create_owned(&controller);
     metrics.reconcile_errors.get_or_create_owned(&ErrorLabels {
         controller: "probe".into(),
-        category: "probe".into(),
+        category: Category::Panic,
     });
     metrics.reconcile_duration.get_or_create_owned(&controller);
     let nodeversion = NodeVersionLabels {
@@ -394,22 +396,22 @@ fn populated_metrics() -> Metrics {
     };
     metrics.nodes.get_or_create_owned(&NodeStateLabels {
         nodeversion: "probe".into(),
-        state: "outdated".into(),
+        state: NodeState::Outdated,
     });
     metrics.rollout_progress.get_or_create_owned(&nodeversion);
     metrics.rollout_last_progress.get_or_create_owned(&nodeversion);
     metrics.replacements.get_or_create_owned(&nodeversion);
     metrics.drain_duration.get_or_create_owned(&ResultLabels {
-        result: "succeeded".into(),
+        result: DrainResult::Succeeded,
     });
     metrics.cloud_duration.get_or_create_owned(&CloudLabels {
         provider: "probe".into(),
-        operation: "probe".into(),
+        operation: CloudOperation::CreateNode,
     });
     metrics.cloud_errors.get_or_create_owned(&CloudErrorLabels {
         provider: "probe".into(),
-        operation: "probe".into(),
-        category: "probe".into(),
+        operation: CloudOperation::CreateNode,
+        category: CloudErrorKind::Server,
     });
     // A queue with metrics creates the series of every queue metric.
     let _queue: WorkQueue<String> =

@@ -74,6 +74,56 @@ pub enum CloudError {
     },
 }
 
+/// A [`CloudError`]'s variant without its details.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CloudErrorKind {
+    /// [`CloudError::NotFound`]
+    NotFound,
+    /// [`CloudError::Throttled`]
+    Throttled,
+    /// [`CloudError::Server`]
+    Server,
+    /// [`CloudError::Transport`]
+    Transport,
+    /// [`CloudError::Timeout`]
+    Timeout,
+    /// [`CloudError::Rejected`]
+    Rejected,
+    /// [`CloudError::InvalidProviderId`]
+    InvalidProviderId,
+    /// [`CloudError::InvalidResponse`]
+    InvalidResponse,
+    /// [`CloudError::Config`]
+    Config,
+    /// [`CloudError::Unsupported`]
+    Unsupported,
+}
+
+impl CloudErrorKind {
+    /// The kind in snake case, as the `cloud_errors` metric labels it:
+    /// `not_found`, `throttled`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloudErrorKind::NotFound => "not_found",
+            CloudErrorKind::Throttled => "throttled",
+            CloudErrorKind::Server => "server",
+            CloudErrorKind::Transport => "transport",
+            CloudErrorKind::Timeout => "timeout",
+            CloudErrorKind::Rejected => "rejected",
+            CloudErrorKind::InvalidProviderId => "invalid_provider_id",
+            CloudErrorKind::InvalidResponse => "invalid_response",
+            CloudErrorKind::Config => "config",
+            CloudErrorKind::Unsupported => "unsupported",
+        }
+    }
+}
+
+impl std::fmt::Display for CloudErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl CloudError {
     /// Whether trying the same call again later can succeed.
     pub fn retryable(&self) -> bool {
@@ -104,19 +154,19 @@ impl CloudError {
         matches!(self, CloudError::NotFound { .. })
     }
 
-    /// The variant as a metric label: `not_found`, `throttled`, ...
-    pub fn kind(&self) -> &'static str {
+    /// The variant without its details, e.g. for a metric label.
+    pub fn kind(&self) -> CloudErrorKind {
         match self {
-            CloudError::NotFound { .. } => "not_found",
-            CloudError::Throttled { .. } => "throttled",
-            CloudError::Server { .. } => "server",
-            CloudError::Transport(_) => "transport",
-            CloudError::Timeout { .. } => "timeout",
-            CloudError::Rejected { .. } => "rejected",
-            CloudError::InvalidProviderId { .. } => "invalid_provider_id",
-            CloudError::InvalidResponse(_) => "invalid_response",
-            CloudError::Config(_) => "config",
-            CloudError::Unsupported { .. } => "unsupported",
+            CloudError::NotFound { .. } => CloudErrorKind::NotFound,
+            CloudError::Throttled { .. } => CloudErrorKind::Throttled,
+            CloudError::Server { .. } => CloudErrorKind::Server,
+            CloudError::Transport(_) => CloudErrorKind::Transport,
+            CloudError::Timeout { .. } => CloudErrorKind::Timeout,
+            CloudError::Rejected { .. } => CloudErrorKind::Rejected,
+            CloudError::InvalidProviderId { .. } => CloudErrorKind::InvalidProviderId,
+            CloudError::InvalidResponse(_) => CloudErrorKind::InvalidResponse,
+            CloudError::Config(_) => CloudErrorKind::Config,
+            CloudError::Unsupported { .. } => CloudErrorKind::Unsupported,
         }
     }
 

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::runtime::rate_limiter::TokenBucket;
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::{CloudErrorLabels, CloudLabels};
+use crate::telemetry::metrics::{CloudErrorLabels, CloudLabels, CloudOperation};
 
 /// The default ration of cloud calls: 10 a second, bursts of 20.
 pub const DEFAULT_QPS: f64 = 10.0;
@@ -66,7 +66,7 @@ impl MeteredCloud {
 
     fn measure<'a, T: Send + 'a>(
         &'a self,
-        operation: &'static str,
+        operation: CloudOperation,
         call: CloudFuture<'a, T>,
     ) -> CloudFuture<'a, T> {
         Box::pin(async move {
@@ -86,7 +86,7 @@ impl MeteredCloud {
                 .cloud_duration
                 .get_or_create(&CloudLabels {
                     provider: provider.clone(),
-                    operation: operation.to_string(),
+                    operation,
                 })
                 .observe(started.elapsed().as_secs_f64());
             if let Err(e) = &result {
@@ -96,13 +96,13 @@ impl MeteredCloud {
         })
     }
 
-    fn record_error(&self, provider: String, operation: &str, error: &CloudError) {
+    fn record_error(&self, provider: String, operation: CloudOperation, error: &CloudError) {
         self.metrics
             .cloud_errors
             .get_or_create(&CloudErrorLabels {
                 provider,
-                operation: operation.to_string(),
-                category: error.kind().to_string(),
+                operation,
+                category: error.kind(),
             })
             .inc();
     }
@@ -114,34 +114,37 @@ impl CloudProvider for MeteredCloud {
     }
 
     fn create_node<'a>(&'a self, request: &'a CreateNodeRequest) -> CloudFuture<'a, CreatedNode> {
-        self.measure("create_node", self.inner.create_node(request))
+        self.measure(CloudOperation::CreateNode, self.inner.create_node(request))
     }
 
     fn delete_node<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, ()> {
-        self.measure("delete_node", self.inner.delete_node(provider_id))
+        self.measure(CloudOperation::DeleteNode, self.inner.delete_node(provider_id))
     }
 
     fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
-        self.measure("node_state", self.inner.node_state(provider_id))
+        self.measure(CloudOperation::NodeState, self.inner.node_state(provider_id))
     }
 
     fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
-        self.measure("node_image", self.inner.node_image(provider_id))
+        self.measure(CloudOperation::NodeImage, self.inner.node_image(provider_id))
     }
 
     fn node_group<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
-        self.measure("node_group", self.inner.node_group(provider_id))
+        self.measure(CloudOperation::NodeGroup, self.inner.node_group(provider_id))
     }
 
     fn group_image<'a>(&'a self, group_id: &'a str) -> CloudFuture<'a, String> {
-        self.measure("group_image", self.inner.group_image(group_id))
+        self.measure(CloudOperation::GroupImage, self.inner.group_image(group_id))
     }
 
     fn set_group_image<'a>(&'a self, group_id: &'a str, image: &'a str) -> CloudFuture<'a, ()> {
-        self.measure("set_group_image", self.inner.set_group_image(group_id, image))
+        self.measure(
+            CloudOperation::SetGroupImage,
+            self.inner.set_group_image(group_id, image),
+        )
     }
 
     fn list_groups(&self) -> CloudFuture<'_, Vec<ScalingGroup>> {
-        self.measure("list_groups", self.inner.list_groups())
+        self.measure(CloudOperation::ListGroups, self.inner.list_groups())
     }
 }

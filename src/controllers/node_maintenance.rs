@@ -36,7 +36,7 @@ use crate::runtime::rate_limiter::lock;
 use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::runtime::workqueue::WorkQueue;
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::ResultLabels;
+use crate::telemetry::metrics::{DrainResult, ResultLabels};
 use crate::telemetry::trace::{self, SpanRecord};
 use opentelemetry::KeyValue;
 use tokio::time::Instant;
@@ -590,16 +590,14 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             .map(|t| SystemTime::from(t.0))
             .unwrap_or(end);
         let result = if phase == MaintenancePhase::Succeeded {
-            "succeeded"
+            DrainResult::Succeeded
         } else {
-            "failed"
+            DrainResult::Failed
         };
         self.ctx
             .metrics
             .drain_duration
-            .get_or_create(&ResultLabels {
-                result: result.to_string(),
-            })
+            .get_or_create(&ResultLabels { result })
             .observe(end.duration_since(start).unwrap_or_default().as_secs_f64());
         let Some((tp, _)) = trace::from_annotations(obj.meta().annotations.as_ref()) else {
             return;

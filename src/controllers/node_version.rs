@@ -42,7 +42,7 @@ use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, always};
 use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::{NodeStateLabels, NodeVersionLabels};
+use crate::telemetry::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
 use crate::telemetry::trace::{
     self, ROLLOUT_TRACEPARENT_ANNOTATION, TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent,
 };
@@ -815,16 +815,16 @@ impl NodeVersionReconciler {
         // Progress: a step taken, or a node changed from outdated to up to date.
         let mut progressed = stepped;
         for (state, n) in [
-            ("up_to_date", counts.up_to_date),
-            ("outdated", counts.outdated),
-            ("replacing", counts.surge + counts.unavailable),
+            (NodeState::UpToDate, counts.up_to_date),
+            (NodeState::Outdated, counts.outdated),
+            (NodeState::Replacing, counts.surge + counts.unavailable),
         ] {
             let labels = NodeStateLabels {
                 nodeversion: nodeversion.clone(),
-                state: state.to_string(),
+                state,
             };
             let before = self.metrics.nodes.get_or_create(&labels).set(n as i64);
-            progressed |= before != n as i64 && state != "replacing";
+            progressed |= before != n as i64 && state != NodeState::Replacing;
         }
         let ratio = if counts.nodes == 0 {
             1.0
@@ -857,10 +857,10 @@ impl NodeVersionReconciler {
         };
         self.metrics.rollout_progress.remove(&labels);
         self.metrics.rollout_last_progress.remove(&labels);
-        for state in ["up_to_date", "outdated", "replacing"] {
+        for state in NodeState::ALL {
             self.metrics.nodes.remove(&NodeStateLabels {
                 nodeversion: nodeversion.to_string(),
-                state: state.to_string(),
+                state,
             });
         }
     }

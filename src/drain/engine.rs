@@ -22,7 +22,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::pods::{PodClass, classify, covering_budgets, reference};
 use crate::api::node_maintenance::{DrainBlocker, DrainTimeoutPolicy, PodReference};
@@ -30,6 +30,7 @@ use crate::runtime::backoff::{Backoff, BackoffConfig};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::rate_limiter::lock;
 use crate::runtime::reflector::{Reflector, ReflectorConfig};
+use crate::runtime::store::Store;
 
 /// Evictions in flight at once per drain.
 const EVICTION_CONCURRENCY: usize = 16;
@@ -251,8 +252,78 @@ struct Round {
     forced: i32,
 }
 
+/// The pods that must go through eviction, in a stable order.
+fn to_evict(all: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
+    let mut pending: Vec<Arc<Pod>> = all
+        .iter()
+        .filter(|p| classify(p) == PodClass::Evict)
+        .cloned()
+        .collect();
+    pending.sort_by_key(|p| reference(p));
+    pending
+}
+
+/// The status's `last_error` after a round: its errors, else the budgets
+/// refusing evictions, else none (the drain is only waiting for pods to go).
+fn round_error(errors: &[String], blocked: &[DrainBlocker]) -> Option<String> {
+    if !errors.is_empty() {
+        Some(errors.join("; "))
+    } else if !blocked.is_empty() {
+        Some(format!(
+            "eviction refused by PodDisruptionBudget: {}",
+            blocked
+                .iter()
+                .map(|b| format!("{} ({})", b.pod, b.pdb))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    } else {
+        None
+    }
+}
+
+/// The node's pods as a drain sees them, kept current by a watch.
+struct PodWatch {
+    store: Store<Pod>,
+    /// Notified on every pod event, so a drain looks again at once.
+    changed: Arc<tokio::sync::Notify>,
+    /// Stops the watch when the drain ends, however it ends.
+    _stop: DropGuard,
+}
+
+/// What a drain does after one look at the node's pods.
+enum Step {
+    /// The drain has ended (its outcome is in the status).
+    Done,
+    /// Look again on the next pod event, or after this long.
+    Wait(Duration),
+}
+
 impl DrainRun {
     async fn run(self) {
+        let Some(watch) = self.watch_pods().await else {
+            return;
+        };
+        let started = lock(&self.status).started;
+        let mut backoff = Backoff::new(self.options.retry);
+        let mut first = true;
+        loop {
+            let wait = match self.step(&watch.store, started, &mut backoff, first).await {
+                Step::Done => return,
+                Step::Wait(wait) => wait,
+            };
+            first = false;
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = watch.changed.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Watches the pods of the node only (never all of the cluster's) and
+    /// waits for the first list; None if the drain is cancelled first.
+    async fn watch_pods(&self) -> Option<PodWatch> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let config = ReflectorConfig {
             field_selector: Some(format!("spec.nodeName={}", self.node)),
@@ -264,104 +335,107 @@ impl DrainRun {
         reflector.on_event(move |_| wake.notify_one());
         let store = reflector.store();
         let watch_stop = self.cancel.child_token();
-        let _stop_watch_on_exit = watch_stop.clone().drop_guard();
+        let stop = watch_stop.clone().drop_guard();
         tokio::spawn(reflector.run(watch_stop));
         tokio::select! {
-            _ = self.cancel.cancelled() => return,
+            _ = self.cancel.cancelled() => return None,
             _ = store.wait_synced() => {}
         }
+        Some(PodWatch {
+            store,
+            changed,
+            _stop: stop,
+        })
+    }
 
-        let started = lock(&self.status).started;
-        let mut backoff = Backoff::new(self.options.retry);
-        let mut first = true;
-        loop {
-            if !self.leader.is_leader() {
-                self.update(|s| s.progress.last_error = Some("this replica stopped leading".into()));
-                return;
-            }
-            let all = store.list();
-            let mut pending: Vec<Arc<Pod>> = all
-                .iter()
-                .filter(|p| classify(p) == PodClass::Evict)
-                .cloned()
-                .collect();
-            pending.sort_by_key(|p| reference(p));
-            if first {
-                first = false;
-                let (total, evict) = (all.len() as i32, pending.len() as i32);
-                self.update(|s| {
-                    s.progress.total_pods = total;
-                    s.progress.eviction_pods = evict;
-                });
-            }
-            if pending.is_empty() {
-                self.update(|s| {
-                    s.progress.pending.clear();
-                    s.progress.blocked.clear();
-                    s.outcome = DrainOutcome::Succeeded;
-                });
-                tracing::info!(node = %self.node, elapsed = ?started.elapsed(), "drain succeeded");
-                return;
-            }
-            let timed_out = self.options.timeout.is_some_and(|t| started.elapsed() >= t);
-            if timed_out && self.options.on_timeout == DrainTimeoutPolicy::Fail {
-                self.update(|s| {
-                    s.progress.pending = pending.iter().map(|p| reference(p)).collect();
-                    s.outcome = DrainOutcome::TimedOut;
-                });
-                tracing::warn!(node = %self.node, pending = pending.len(), "drain timed out");
-                return;
-            }
-            let to_act: Vec<Arc<Pod>> = pending
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .cloned()
-                .collect();
-            let round = if timed_out {
-                self.delete(&to_act).await
-            } else {
-                self.evict(&to_act).await
-            };
-            let blocked = self.name_budgets(&round.blocked).await;
-            let refs: Vec<PodReference> = pending.iter().map(|p| reference(p)).collect();
-            let trouble = !blocked.is_empty() || !round.errors.is_empty();
-            self.update(|s| {
-                s.progress.pending = refs;
-                s.progress.blocked = blocked;
-                s.progress.forced += round.forced;
-                if !round.errors.is_empty() {
-                    s.progress.last_error = Some(round.errors.join("; "));
-                } else if !s.progress.blocked.is_empty() {
-                    s.progress.last_error = Some(format!(
-                        "eviction refused by PodDisruptionBudget: {}",
-                        s.progress
-                            .blocked
-                            .iter()
-                            .map(|b| format!("{} ({})", b.pod, b.pdb))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
-                } else {
-                    s.progress.last_error = None;
-                }
-            });
-
-            let mut wait = if trouble {
-                backoff.next_delay(std::time::Instant::now())
-            } else {
-                IDLE_RECHECK
-            };
-            if let Some(t) = self.options.timeout {
-                wait = wait
-                    .min(t.saturating_sub(started.elapsed()))
-                    .max(Duration::from_millis(10));
-            }
-            tokio::select! {
-                _ = self.cancel.cancelled() => return,
-                _ = changed.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
-            }
+    /// One look at the node's pods: end the drain, or evict (delete, after
+    /// a DeletePods timeout) what is left and say when to look again.
+    async fn step(&self, store: &Store<Pod>, started: Instant, backoff: &mut Backoff, first: bool) -> Step {
+        if !self.leader.is_leader() {
+            self.update(|s| s.progress.last_error = Some("this replica stopped leading".into()));
+            return Step::Done;
         }
+        let all = store.list();
+        let pending = to_evict(&all);
+        if first {
+            // The totals are the node's as the drain began; later looks keep them.
+            let (total, evict) = (all.len() as i32, pending.len() as i32);
+            self.update(|s| {
+                s.progress.total_pods = total;
+                s.progress.eviction_pods = evict;
+            });
+        }
+        if pending.is_empty() {
+            self.succeed(started);
+            return Step::Done;
+        }
+        let timed_out = self.options.timeout.is_some_and(|t| started.elapsed() >= t);
+        if timed_out && self.options.on_timeout == DrainTimeoutPolicy::Fail {
+            self.time_out(&pending);
+            return Step::Done;
+        }
+        let trouble = self.act(&pending, timed_out).await;
+        Step::Wait(self.next_wait(trouble, backoff, started))
+    }
+
+    fn succeed(&self, started: Instant) {
+        self.update(|s| {
+            s.progress.pending.clear();
+            s.progress.blocked.clear();
+            s.outcome = DrainOutcome::Succeeded;
+        });
+        tracing::info!(node = %self.node, elapsed = ?started.elapsed(), "drain succeeded");
+    }
+
+    fn time_out(&self, pending: &[Arc<Pod>]) {
+        self.update(|s| {
+            s.progress.pending = pending.iter().map(|p| reference(p)).collect();
+            s.outcome = DrainOutcome::TimedOut;
+        });
+        tracing::warn!(node = %self.node, pending = pending.len(), "drain timed out");
+    }
+
+    /// Evicts (or, `forced`, deletes) the pending pods not already going,
+    /// and reports the round; true if a budget or an error held a pod up.
+    async fn act(&self, pending: &[Arc<Pod>], forced: bool) -> bool {
+        // A pod already terminating needs nothing more; it is pending until gone.
+        let to_act: Vec<Arc<Pod>> = pending
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .cloned()
+            .collect();
+        let round = if forced {
+            self.delete(&to_act).await
+        } else {
+            self.evict(&to_act).await
+        };
+        let blocked = self.name_budgets(&round.blocked).await;
+        let refs: Vec<PodReference> = pending.iter().map(|p| reference(p)).collect();
+        let trouble = !blocked.is_empty() || !round.errors.is_empty();
+        let last_error = round_error(&round.errors, &blocked);
+        self.update(|s| {
+            s.progress.pending = refs;
+            s.progress.blocked = blocked;
+            s.progress.forced += round.forced;
+            s.progress.last_error = last_error;
+        });
+        trouble
+    }
+
+    /// Backoff while something holds the drain up, else the idle recheck;
+    /// never past the timeout, so it is acted on when it passes.
+    fn next_wait(&self, trouble: bool, backoff: &mut Backoff, started: Instant) -> Duration {
+        let mut wait = if trouble {
+            backoff.next_delay(std::time::Instant::now())
+        } else {
+            IDLE_RECHECK
+        };
+        if let Some(t) = self.options.timeout {
+            wait = wait
+                .min(t.saturating_sub(started.elapsed()))
+                .max(Duration::from_millis(10));
+        }
+        wait
     }
 
     /// Applies `f` to the status and tells the owner if anything changed.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
@@ -12,8 +12,108 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::cloud::error::CloudErrorKind;
 use crate::runtime::error::Category;
 use crate::runtime::metrics::{QueueMetrics, RuntimeMetrics};
+
+/// Implements `EncodeLabelValue` with the type's `as_str`. The derive would
+/// export each variant's Rust name (`UpToDate`, `KubeApi`), not the label
+/// text dashboards and alerts already use (`up_to_date`, `KubeApiError`).
+macro_rules! label_value_from_as_str {
+    ($($label:ty),* $(,)?) => {$(
+        impl EncodeLabelValue for $label {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+                std::fmt::Write::write_str(encoder, self.as_str())
+            }
+        }
+    )*};
+}
+
+// Category and CloudErrorKind spell their label text themselves (Category's
+// is also the Event reason), so runtime/ and cloud/ need no prometheus_client.
+label_value_from_as_str!(Category, CloudErrorKind, NodeState, DrainResult, CloudOperation);
+
+/// A node's state in a rollout, the `state` label of `nodes`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum NodeState {
+    /// On the NodeVersion's image.
+    UpToDate,
+    /// On another image, not yet being replaced.
+    Outdated,
+    /// Being replaced (a surge node or an unavailable one).
+    Replacing,
+}
+
+impl NodeState {
+    /// Every state, in the order the metric's series are set.
+    pub const ALL: [NodeState; 3] = [NodeState::UpToDate, NodeState::Outdated, NodeState::Replacing];
+
+    /// The label text: `up_to_date`, `outdated` or `replacing`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::UpToDate => "up_to_date",
+            NodeState::Outdated => "outdated",
+            NodeState::Replacing => "replacing",
+        }
+    }
+}
+
+/// How a drain ended, the `result` label of `drain_duration_seconds`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum DrainResult {
+    /// Every pod to evict is gone.
+    Succeeded,
+    /// The maintenance ended any other way.
+    Failed,
+}
+
+impl DrainResult {
+    /// The label text: `succeeded` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrainResult::Succeeded => "succeeded",
+            DrainResult::Failed => "failed",
+        }
+    }
+}
+
+/// A cloud provider call, the `operation` label of the cloud metrics: one
+/// per method of `CloudProvider`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum CloudOperation {
+    /// `create_node`
+    CreateNode,
+    /// `delete_node`
+    DeleteNode,
+    /// `node_state`
+    NodeState,
+    /// `node_image`
+    NodeImage,
+    /// `node_group`
+    NodeGroup,
+    /// `group_image`
+    GroupImage,
+    /// `set_group_image`
+    SetGroupImage,
+    /// `list_groups`
+    ListGroups,
+}
+
+impl CloudOperation {
+    /// The label text: the `CloudProvider` method's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloudOperation::CreateNode => "create_node",
+            CloudOperation::DeleteNode => "delete_node",
+            CloudOperation::NodeState => "node_state",
+            CloudOperation::NodeImage => "node_image",
+            CloudOperation::NodeGroup => "node_group",
+            CloudOperation::GroupImage => "group_image",
+            CloudOperation::SetGroupImage => "set_group_image",
+            CloudOperation::ListGroups => "list_groups",
+        }
+    }
+}
 
 /// Label set of the reconcile metrics: the controller.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -27,8 +127,8 @@ pub struct ControllerLabels {
 pub struct ErrorLabels {
     /// The controller's name.
     pub controller: String,
-    /// The error's category (see `error::Category`), also the Event reason.
-    pub category: String,
+    /// The error's category, also the Event reason.
+    pub category: Category,
 }
 
 /// An exemplar's labels: the trace of the observed reconcile.
@@ -50,15 +150,15 @@ pub struct NodeVersionLabels {
 pub struct NodeStateLabels {
     /// The NodeVersion's name.
     pub nodeversion: String,
-    /// `up_to_date`, `outdated` or `replacing`.
-    pub state: String,
+    /// The nodes' state in the rollout.
+    pub state: NodeState,
 }
 
 /// Label set of `drain_duration_seconds`: how the drain ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
-    /// `succeeded` or `failed`.
-    pub result: String,
+    /// How the drain ended.
+    pub result: DrainResult,
 }
 
 /// Label set of `cloud_request_duration_seconds`: which provider, which call.
@@ -66,8 +166,8 @@ pub struct ResultLabels {
 pub struct CloudLabels {
     /// The cloud provider's name.
     pub provider: String,
-    /// The provider call, e.g. `create_node`.
-    pub operation: String,
+    /// The provider call.
+    pub operation: CloudOperation,
 }
 
 /// Label set of `cloud_errors`: which provider, which call, which kind of failure.
@@ -76,9 +176,9 @@ pub struct CloudErrorLabels {
     /// The cloud provider's name.
     pub provider: String,
     /// The provider call.
-    pub operation: String,
-    /// The cloud error's kind: `not_found`, `throttled`, ...
-    pub category: String,
+    pub operation: CloudOperation,
+    /// The cloud error's kind.
+    pub category: CloudErrorKind,
 }
 
 /// Label set of every queue metric: the queue's name.
@@ -247,95 +347,120 @@ impl Metrics {
     /// Every metric, registered under the `nodewarden_` prefix, all at zero.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("nodewarden");
+        // The text lists families in registration order: keep it stable.
         let queue = QueueFamilies::register(&mut registry);
-        let reconciles = Family::<ControllerLabels, Counter>::default();
-        registry.register("reconciles", "Reconciles run, by controller", reconciles.clone());
-        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let metrics = Metrics::unregistered(queue);
+        metrics.register_reconcile(&mut registry);
+        metrics.register_rollout(&mut registry);
+        metrics.register_drain(&mut registry);
+        metrics.register_cloud(&mut registry);
+        Metrics {
+            registry: Arc::new(registry),
+            ..metrics
+        }
+    }
+
+    /// The families, all empty, with an empty registry: `new` registers
+    /// them, then puts its registry in.
+    fn unregistered(queue: QueueFamilies) -> Self {
+        Metrics {
+            registry: Arc::default(),
+            queue,
+            reconciles: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Family::new_with_constructor(reconcile_histogram),
+            leader: Gauge::default(),
+            nodes: Family::default(),
+            rollout_progress: Family::default(),
+            rollout_last_progress: Family::default(),
+            replacements: Family::default(),
+            drain_duration: Family::new_with_constructor(drain_histogram),
+            drains_running: Gauge::default(),
+            drains_blocked: Gauge::default(),
+            cloud_duration: Family::new_with_constructor(cloud_histogram),
+            cloud_errors: Family::default(),
+        }
+    }
+
+    /// Reconciles and leadership.
+    fn register_reconcile(&self, registry: &mut Registry) {
+        registry.register(
+            "reconciles",
+            "Reconciles run, by controller",
+            self.reconciles.clone(),
+        );
         registry.register(
             "reconcile_errors",
             "Reconciles that failed, by controller and error category",
-            reconcile_errors.clone(),
+            self.reconcile_errors.clone(),
         );
-        let reconcile_duration: ExemplarHistogramFamily<ControllerLabels> =
-            Family::new_with_constructor(reconcile_histogram);
         registry.register(
             "reconcile_duration_seconds",
             "Time spent in one reconcile, by controller",
-            reconcile_duration.clone(),
+            self.reconcile_duration.clone(),
         );
-        let leader = Gauge::default();
         registry.register(
             "leader",
             "1 while this replica holds the leader lease",
-            leader.clone(),
+            self.leader.clone(),
         );
-        let nodes = Family::<NodeStateLabels, Gauge>::default();
+    }
+
+    /// NodeVersion rollouts.
+    fn register_rollout(&self, registry: &mut Registry) {
         registry.register(
             "nodes",
             "Nodes of each NodeVersion by state: up_to_date, outdated, replacing (leader only)",
-            nodes.clone(),
+            self.nodes.clone(),
         );
-        let rollout_progress = Family::<NodeVersionLabels, FloatGauge>::default();
         registry.register(
             "rollout_progress_ratio",
             "Share of a NodeVersion's nodes that are up to date (leader only)",
-            rollout_progress.clone(),
+            self.rollout_progress.clone(),
         );
-        let rollout_last_progress = Family::<NodeVersionLabels, FloatGauge>::default();
         registry.register(
             "rollout_last_progress_timestamp_seconds",
             "Unix time a NodeVersion's rollout last took a step or changed its counts (leader only)",
-            rollout_last_progress.clone(),
+            self.rollout_last_progress.clone(),
         );
-        let replacements = Family::<NodeVersionLabels, Counter>::default();
         registry.register(
             "replacements",
             "Node replacements finished: the outdated node and its instance deleted",
-            replacements.clone(),
+            self.replacements.clone(),
         );
-        let drain_duration: HistogramFamily<ResultLabels> = Family::new_with_constructor(drain_histogram);
+    }
+
+    /// NodeMaintenance drains.
+    fn register_drain(&self, registry: &mut Registry) {
         registry.register(
             "drain_duration_seconds",
             "Time from a NodeMaintenance's creation to the end of its drain, by result",
-            drain_duration.clone(),
+            self.drain_duration.clone(),
         );
-        let drains_running = Gauge::default();
-        registry.register("drains_running", "Drains in progress", drains_running.clone());
-        let drains_blocked = Gauge::default();
+        registry.register(
+            "drains_running",
+            "Drains in progress",
+            self.drains_running.clone(),
+        );
         registry.register(
             "drains_blocked",
             "Drains with a pod whose eviction a PodDisruptionBudget refuses",
-            drains_blocked.clone(),
+            self.drains_blocked.clone(),
         );
-        let cloud_duration: HistogramFamily<CloudLabels> = Family::new_with_constructor(cloud_histogram);
+    }
+
+    /// Cloud provider calls.
+    fn register_cloud(&self, registry: &mut Registry) {
         registry.register(
             "cloud_request_duration_seconds",
             "Latency of cloud provider calls, by provider and operation",
-            cloud_duration.clone(),
+            self.cloud_duration.clone(),
         );
-        let cloud_errors = Family::<CloudErrorLabels, Counter>::default();
         registry.register(
             "cloud_errors",
             "Failed cloud provider calls, by provider, operation and error category",
-            cloud_errors.clone(),
+            self.cloud_errors.clone(),
         );
-        Metrics {
-            registry: Arc::new(registry),
-            queue,
-            reconciles,
-            reconcile_errors,
-            reconcile_duration,
-            leader,
-            nodes,
-            rollout_progress,
-            rollout_last_progress,
-            replacements,
-            drain_duration,
-            drains_running,
-            drains_blocked,
-            cloud_duration,
-            cloud_errors,
-        }
     }
 
     /// Leadership lost: the gauges only a leader keeps current go, so no
@@ -379,7 +504,7 @@ impl RuntimeMetrics for Metrics {
         self.reconcile_errors
             .get_or_create(&ErrorLabels {
                 controller: controller.to_owned(),
-                category: category.to_string(),
+                category,
             })
             .inc();
     }
@@ -403,7 +528,7 @@ mod tests {
         m.nodes
             .get_or_create(&NodeStateLabels {
                 nodeversion: "v".into(),
-                state: "outdated".into(),
+                state: NodeState::Outdated,
             })
             .set(3);
         m.drains_blocked.set(1);
@@ -416,6 +541,46 @@ mod tests {
         assert!(!text.contains("nodewarden_rollout_progress_ratio{"), "{text}");
         assert!(!text.contains("nodewarden_nodes{"), "{text}");
         assert!(text.contains("nodewarden_drains_blocked 0"), "{text}");
+    }
+
+    /// The label enums export the text the former `String` labels had
+    /// (dashboards, alerts and tests match on it).
+    #[test]
+    fn label_enums_export_their_text() {
+        let m = Metrics::new();
+        for state in NodeState::ALL {
+            m.nodes
+                .get_or_create(&NodeStateLabels {
+                    nodeversion: "v".into(),
+                    state,
+                })
+                .set(1);
+        }
+        for result in [DrainResult::Succeeded, DrainResult::Failed] {
+            m.drain_duration
+                .get_or_create(&ResultLabels { result })
+                .observe(1.0);
+        }
+        m.failed("c", Category::KubeApi);
+        m.cloud_errors
+            .get_or_create(&CloudErrorLabels {
+                provider: "p".into(),
+                operation: CloudOperation::SetGroupImage,
+                category: CloudErrorKind::InvalidProviderId,
+            })
+            .inc();
+        let text = m.encode();
+        for line in [
+            r#"nodewarden_nodes{nodeversion="v",state="up_to_date"} 1"#,
+            r#"nodewarden_nodes{nodeversion="v",state="outdated"} 1"#,
+            r#"nodewarden_nodes{nodeversion="v",state="replacing"} 1"#,
+            r#"nodewarden_drain_duration_seconds_count{result="succeeded"} 1"#,
+            r#"nodewarden_drain_duration_seconds_count{result="failed"} 1"#,
+            r#"nodewarden_reconcile_errors_total{controller="c",category="KubeApiError"} 1"#,
+            r#"nodewarden_cloud_errors_total{provider="p",operation="set_group_image",category="invalid_provider_id"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
     }
 
     #[test]
