@@ -43,24 +43,41 @@ targets=(
   "kwok|sigs.k8s.io/kwok/cmd/kwok|sigs.k8s.io/kwok@${kwok_version}|-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok_version}"
 )
 
-# kwok simulates nodes and pods through "stages"; these are the ones kwokctl
-# uses by default (fast node start, node heartbeat with lease, fast pods),
-# taken from the pinned kwok module.
-kwok_stages="kustomize/stage/node/fast/node-initialize.yaml
-kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
-kustomize/stage/pod/fast/pod-ready.yaml
-kustomize/stage/pod/fast/pod-complete.yaml
+# kwok simulates nodes and pods through "stages": kwokctl's defaults (fast node
+# start, node heartbeat with lease, fast pods) plus nodewarden's own in
+# stages/*.yaml. The module's files below are taken from the pinned kwok module;
+# stages/ holds copies of its node-initialize, node-heartbeat-with-lease and
+# pod-complete (each narrowed by a selector line, see their headers) and the
+# stages that simulate failing or hanging Jobs and Node reboots.
+kwok_stages="kustomize/stage/pod/fast/pod-ready.yaml
 kustomize/stage/pod/fast/pod-delete.yaml"
 
+# Written on every run (it is cheap), so that editing stages/ takes effect
+# without a rebuild; replaced only when its content changed.
 write_kwok_stages() {
-  local dir f
+  local dir f tmp
   dir=$(go mod download -json "sigs.k8s.io/kwok@${kwok_version}" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
   [ -n "$dir" ] || { echo "controlplane: cannot locate module sigs.k8s.io/kwok@${kwok_version}" >&2; return 1; }
-  for f in $kwok_stages; do
-    echo "---"
-    cat "$dir/$f"
-  done >"$bin_dir/.kwok-stages.yaml.tmp"
-  mv "$bin_dir/.kwok-stages.yaml.tmp" "$bin_dir/kwok-stages.yaml"
+  tmp=$(mktemp "$bin_dir/.kwok-stages.yaml.XXXXXX")
+  {
+    for f in $kwok_stages; do
+      echo "---"
+      echo "# sigs.k8s.io/kwok@${kwok_version} $f"
+      cat "$dir/$f"
+    done
+    for f in "$here"/stages/*.yaml; do
+      echo "---"
+      echo "# e2e/controlplane/stages/${f##*/}"
+      cat "$f"
+    done
+  } >"$tmp" || { rm -f "$tmp"; return 1; }
+  if cmp -s "$tmp" "$bin_dir/kwok-stages.yaml"; then
+    rm -f "$tmp"
+  else
+    chmod 644 "$tmp"
+    mv "$tmp" "$bin_dir/kwok-stages.yaml"
+    echo "controlplane: wrote $bin_dir/kwok-stages.yaml" >&2
+  fi
 }
 
 missing=()
@@ -68,7 +85,8 @@ for t in "${targets[@]}"; do
   IFS='|' read -r name _ _ _ <<<"$t"
   [ -x "$bin_dir/$name" ] || missing+=("$name")
 done
-if [ ${#missing[@]} -eq 0 ] && [ -s "$bin_dir/kwok-stages.yaml" ]; then
+if [ ${#missing[@]} -eq 0 ]; then
+  write_kwok_stages || exit 1
   echo "controlplane: all binaries present in $bin_dir" >&2
   echo "$bin_dir"
   exit 0

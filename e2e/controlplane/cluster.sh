@@ -172,9 +172,38 @@ start_apiserver() {
   wait_healthy kube-apiserver api_ready
 }
 
+# start_kwok STAGES-FILE: kwok plays kubelet for Nodes annotated
+# kwok.x-k8s.io/node=fake, and only those, through the stages (build.sh writes
+# them). It reads them only at start, so it runs with a copy in the run
+# directory: `up` compares that copy to tell whether kwok must restart.
+start_kwok() {
+  cp "$1" "$run_dir/kwok-stages.yaml"
+  start kwok \
+    --kubeconfig="$run_dir/kwok.kubeconfig" \
+    --manage-all-nodes=false \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --config="$run_dir/kwok-stages.yaml" \
+    --cidr=10.128.0.0/16 --node-ip=127.0.0.1 --node-lease-duration-seconds=40 \
+    --server-address="127.0.0.1:$(cat "$run_dir/kwok-port")"
+  wait_healthy kwok curl -sf --max-time 2 "http://127.0.0.1:$(cat "$run_dir/kwok-port")/healthz"
+}
+
+# restart_kwok_if_stages_changed: a running control plane keeps everything but
+# kwok, which restarts (same binary) when the stages changed since it started.
+restart_kwok_if_stages_changed() {
+  local stages
+  stages="$(bin_dir)/kwok-stages.yaml"
+  cmp -s "$stages" "$run_dir/kwok-stages.yaml" && return 0
+  log "kwok stages changed: restarting kwok"
+  BIN=$(cat "$run_dir/bin-dir")
+  stop_component kwok
+  start_kwok "$stages" || { down; exit 1; }
+}
+
 up() {
   mkdir -p "$run_dir"
   if healthy_all; then
+    [ "${NODEWARDEN_API_ONLY:-0}" = 1 ] || restart_kwok_if_stages_changed
     log "already running; kubeconfig: $run_dir/kubeconfig"
     echo "$run_dir/kubeconfig"
     return 0
@@ -234,15 +263,7 @@ up() {
   wait_healthy kube-scheduler curl -skf --max-time 2 \
     "https://127.0.0.1:$(cat "$run_dir/scheduler-port")/healthz" || { down; exit 1; }
 
-  # kwok plays kubelet for Nodes annotated kwok.x-k8s.io/node=fake, and only those.
-  start kwok \
-    --kubeconfig="$run_dir/kwok.kubeconfig" \
-    --manage-all-nodes=false \
-    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --config="$BIN/kwok-stages.yaml" \
-    --cidr=10.128.0.0/16 --node-ip=127.0.0.1 --node-lease-duration-seconds=40 \
-    --server-address="127.0.0.1:$(cat "$run_dir/kwok-port")"
-  wait_healthy kwok curl -sf --max-time 2 "http://127.0.0.1:$(cat "$run_dir/kwok-port")/healthz" || { down; exit 1; }
+  start_kwok "$BIN/kwok-stages.yaml" || { down; exit 1; }
 
   log "control plane is up; logs in $run_dir"
   log "  export KUBECONFIG=$run_dir/kubeconfig"

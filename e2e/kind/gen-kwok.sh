@@ -7,8 +7,10 @@
 #     ServiceAccount, ClusterRole(Binding), FlowSchema, ConfigMap (kwok.yaml:
 #     manage Nodes annotated kwok.x-k8s.io/node=fake), Service and Deployment;
 #   - kustomize/stage/fast: the default stages (node-initialize,
-#     node-heartbeat-with-lease, pod-ready, pod-complete, pod-delete), the
-#     same ones e2e/controlplane/build.sh gives the local kwok.
+#     node-heartbeat-with-lease, pod-ready, pod-complete, pod-delete). The
+#     local kwok (e2e/controlplane/build.sh) has nodewarden's stages on top
+#     (e2e/controlplane/stages: failing or hanging Jobs, Node reboots); this
+#     one does not.
 # One addition: the kwok-controller must run on a real (kind) node, never on
 # one of the fake Nodes it plays the kubelet of (those carry type=kwok).
 # Needs Go and kubectl (for its built-in kustomize). Run it after bumping kwok.
