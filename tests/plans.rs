@@ -122,6 +122,19 @@ async fn delete_plan_and_wait(env: &TestEnv, ns: &str, name: &str) {
     .await;
 }
 
+/// A PodDisruptionBudget over the pods labelled `app: <app>`.
+async fn create_pdb(env: &TestEnv, name: &str, app: &str, max_unavailable: i32) {
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": app}}},
+    }))
+    .expect("a pdb");
+    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("creating a pdb");
+}
+
 fn upgrade(image: &str) -> Value {
     json!({"image": image, "command": ["upgrade"], "args": ["--now"]})
 }
@@ -546,15 +559,7 @@ async fn a_drain_a_pdb_blocks_ends_at_its_timeout_naming_the_pdb() {
         }
     })
     .await;
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": "never"},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
-    }))
-    .expect("a pdb");
-    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .expect("creating the pdb");
+    create_pdb(&env, "never", "guarded", 0).await;
     let operator = env.start_operator(Default::default()).await;
     let spec = json!({
         "concurrency": 2, "version": "v2",
@@ -592,15 +597,7 @@ async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
     let env = TestEnv::new("plan-eight").await;
     let nodes = env.create_kwok_nodes(8, &[("fleet", "eight")]).await;
     env.create_deployment("web", 6, json!({"fleet": "eight"})).await;
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}},
-    }))
-    .expect("a pdb");
-    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .expect("creating the pdb");
+    create_pdb(&env, "web", "web", 1).await;
     let operator = env.start_operator(Default::default()).await;
     let spec = json!({
         "concurrency": 2, "version": "v2",
@@ -620,15 +617,62 @@ async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
         breaches.clone(),
         stop.clone(),
     ));
+    let rebooter = tokio::spawn(reboot_after_job(
+        env.client.clone(),
+        env.namespace.clone(),
+        stop.clone(),
+    ));
     wait_upgraded(&env, &env.namespace, "fleet", &nodes, Duration::from_secs(240)).await;
     stop.cancel();
     let samples = checker.await.expect("the checker");
+    let rebooted = rebooter.await.expect("the rebooter");
+    assert_eq!(
+        rebooted.len(),
+        nodes.len(),
+        "every node rebooted after its Job: {rebooted:?}"
+    );
     let seen = breaches.0.lock().expect("breaches").clone();
     assert!(seen.is_empty(), "breaches: {seen:#?}");
     assert!(samples > 20, "the checker looked {samples} times");
     delete_plan_and_wait(&env, &env.namespace, "fleet").await;
     operator.stop().await;
     env.cleanup().await;
+}
+
+/// Plays the upgrade's reboot: each node whose Job of plan `fleet` completed
+/// goes NotReady for 4 s (kwok Stage on `nodewarden.dev/kwok-reboot`).
+/// Returns the nodes it rebooted.
+async fn reboot_after_job(
+    client: Client,
+    ns: String,
+    stop: tokio_util::sync::CancellationToken,
+) -> BTreeSet<String> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let node_api: Api<Node> = Api::all(client);
+    let reboot = json!({"metadata": {"annotations": {"nodewarden.dev/kwok-reboot": "4"}}});
+    let mut rebooted = BTreeSet::new();
+    while !stop.is_cancelled() {
+        let lp = ListParams::default().labels("upgrade.cattle.io/plan=fleet");
+        for job in jobs.list(&lp).await.map(|l| l.items).unwrap_or_default() {
+            let complete = job
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Complete" && c.status == "True");
+            let Some(node) = job.labels().get("upgrade.cattle.io/node").cloned() else {
+                continue;
+            };
+            if complete && !rebooted.contains(&node) {
+                node_api
+                    .patch(&node, &PatchParams::default(), &Patch::Merge(&reboot))
+                    .await
+                    .expect("rebooting a node");
+                rebooted.insert(node);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    rebooted
 }
 
 /// Polls the plan, the nodes and the PDB until stopped: never more than 2
