@@ -85,15 +85,24 @@ impl App {
                 action: "Reconcile".into(),
                 secondary: None,
             };
-            let reference = object.object_ref(&());
-            let recorder = recorder.clone();
-            tokio::spawn(async move {
-                if let Err(e) = recorder.publish(&event, &reference).await {
-                    tracing::debug!(error = %e, "publishing a failure event failed");
-                }
-            });
+            spawn_event(&recorder, event, object.object_ref(&()));
         })
     }
+}
+
+/// Publishes `event` on `reference` in the background: an Event that cannot
+/// be written is logged, never a reason to fail or slow a reconcile.
+pub fn spawn_event(
+    recorder: &Recorder,
+    event: Event,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+) {
+    let recorder = recorder.clone();
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, reason = %event.reason, "publishing an event failed");
+        }
+    });
 }
 
 /// Registers every controller that `app` can run: maintenance and upgrade

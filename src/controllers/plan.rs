@@ -116,6 +116,7 @@ pub fn register(manager: &mut Manager, app: &App) {
             maintenances,
             channels: Mutex::default(),
             exclusive: tokio::sync::Mutex::new(()),
+            exclusive_applying: Mutex::default(),
         }),
     });
 }
@@ -144,6 +145,8 @@ struct PlanContext {
     channels: Mutex<HashMap<String, ChannelAnswer>>,
     /// Exclusive plans start nodes one plan at a time.
     exclusive: tokio::sync::Mutex<()>,
+    /// Exclusive plans this replica last wrote with nodes applying.
+    exclusive_applying: Mutex<BTreeSet<String>>,
 }
 
 /// What a channel answered, and when.
@@ -287,7 +290,8 @@ impl PlanReconciler {
             true => Some(self.ctx.exclusive.lock().await),
             false => None,
         };
-        let (chosen, blocked) = self.choose(plan, &status, &kept, target, now);
+        let selected = self.selected_nodes(plan);
+        let (chosen, blocked) = self.choose(plan, &status, &kept, &selected, target, now);
         let old = status.clone();
         status.applying = kept
             .iter()
@@ -299,7 +303,11 @@ impl PlanReconciler {
         if !released.is_empty() {
             status.last_completion_time = Some(Time(now));
         }
-        let (upgraded, selected) = self.progress(plan, &target.hash);
+        let upgraded = selected
+            .iter()
+            .filter(|n| hash_label(plan, n).as_deref() == Some(target.hash.as_str()))
+            .count();
+        let selected = selected.len();
         status.progress = Some(format!("{upgraded}/{selected}"));
         complete_condition(
             &mut status,
@@ -311,6 +319,7 @@ impl PlanReconciler {
             now,
         );
         self.write_status(plan, status.clone()).await?;
+        self.note_exclusive(plan, &status);
         self.after_write(plan, &old, &status, &released, target, now)
             .await;
         Ok(next_look(plan, &status, &kept, now))
@@ -322,6 +331,7 @@ impl PlanReconciler {
         plan: &Plan,
         status: &PlanStatus,
         kept: &[&Applying],
+        selected: &[Arc<Node>],
         target: &Target,
         now: Timestamp,
     ) -> (Vec<String>, Option<String>) {
@@ -341,15 +351,14 @@ impl PlanReconciler {
             return (Vec::new(), Some("concurrency is 0: the plan is paused".into()));
         }
         let applying: BTreeSet<&str> = kept.iter().map(|a| a.name.as_str()).collect();
-        let candidates: Vec<Candidate> = self
-            .selected_nodes(plan)
-            .into_iter()
+        let candidates: Vec<Candidate> = selected
+            .iter()
             .filter(|n| !applying.contains(n.name_any().as_str()))
             .filter(|n| schedule::is_due(hash_label(plan, n).as_deref(), &target.hash))
             .map(|n| Candidate {
                 name: n.name_any(),
                 uid: n.metadata.uid.clone().unwrap_or_default(),
-                ready: node_is_ready(&n),
+                ready: node_is_ready(n),
             })
             .collect();
         let uid = plan.metadata.uid.clone().unwrap_or_default();
@@ -371,6 +380,33 @@ impl PlanReconciler {
             .filter(|p| p.spec.exclusive.unwrap_or(false) && p.metadata.uid != plan.metadata.uid)
             .find(|p| p.status.as_ref().is_some_and(|s| !s.applying.is_empty()))
             .map(|p| p.key())
+            // What this replica wrote may not be in the cache yet.
+            .or_else(|| {
+                let applying = self
+                    .ctx
+                    .exclusive_applying
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                applying.iter().find(|k| **k != plan.key()).cloned()
+            })
+    }
+
+    /// Remembers whether an exclusive plan has nodes applying, as written
+    /// (the cache catches up later; the next exclusive plan must not wait for it).
+    fn note_exclusive(&self, plan: &Plan, status: &PlanStatus) {
+        if !plan.spec.exclusive.unwrap_or(false) {
+            return;
+        }
+        let mut applying = self
+            .ctx
+            .exclusive_applying
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if status.applying.is_empty() {
+            applying.remove(&plan.key());
+        } else {
+            applying.insert(plan.key());
+        }
     }
 
     /// The nodes the plan's selector picks (that have a hostname to pin a Job to).
@@ -381,16 +417,6 @@ impl PlanReconciler {
             .into_iter()
             .filter(|n| selects(plan, n))
             .collect()
-    }
-
-    /// Nodes on the target hash, and nodes selected.
-    fn progress(&self, plan: &Plan, hash: &str) -> (usize, usize) {
-        let selected = self.selected_nodes(plan);
-        let upgraded = selected
-            .iter()
-            .filter(|n| hash_label(plan, n).as_deref() == Some(hash))
-            .count();
-        (upgraded, selected.len())
     }
 
     /// What the cluster shows about one applying node.
@@ -518,26 +544,26 @@ fn maintenance_state(m: &medik8s::NodeMaintenance) -> Maintenance {
             pdb => format!("pod {} (PodDisruptionBudget {pdb})", b.pod),
         })
         .collect();
-    let mut message = status.last_error.clone().unwrap_or_default();
+    let mut detail: Vec<String> = status.last_error.iter().cloned().collect();
     if !blockers.is_empty() {
-        message = format!("{message}; blocked by {}", blockers.join(", "));
+        detail.push(format!("blocked by {}", blockers.join(", ")));
     }
+    let detail = detail.join("; ");
     match status.phase {
         Some(MaintenancePhase::Succeeded) => Maintenance::Succeeded,
         Some(MaintenancePhase::Failed) => {
-            Maintenance::Failed(format!("NodeMaintenance {}: {message}", m.name_any()))
+            Maintenance::Failed(format!("NodeMaintenance {}: {detail}", m.name_any()))
         }
-        _ => Maintenance::Running(match status.pending_pods_count {
-            Some(n) if n > 0 => format!(
-                "draining: {n} pods left{}",
-                if blockers.is_empty() {
-                    String::new()
-                } else {
-                    format!("; {message}")
-                }
-            ),
-            _ => "draining".into(),
-        }),
+        _ => {
+            let left = match status.pending_pods_count {
+                Some(n) if n > 0 => format!(": {n} pods left"),
+                _ => String::new(),
+            };
+            Maintenance::Running(match detail.as_str() {
+                "" => format!("draining{left}"),
+                d => format!("draining{left}; {d}"),
+            })
+        }
     }
 }
 
@@ -767,9 +793,13 @@ impl PlanReconciler {
             labels::PLAN_NAMESPACE.into(),
             plan.namespace().unwrap_or_default(),
         );
-        let traceparent = self
-            .record_of(plan, node)
-            .map(|r| r.traceparent)
+        // The node's record (and trace) was written when it was chosen.
+        let traceparent = plan
+            .status
+            .iter()
+            .flat_map(|s| s.nodes.iter())
+            .find(|r| r.name == node)
+            .map(|r| r.traceparent.clone())
             .unwrap_or_default();
         let drain_timeout = plan
             .spec
@@ -927,22 +957,6 @@ impl PlanReconciler {
         Ok(())
     }
 
-    fn record_of(&self, plan: &Plan, node: &str) -> Option<NodeUpgrade> {
-        let current = self
-            .ctx
-            .plans
-            .get(&ObjectKey::new(plan.namespace().as_deref(), &plan.name_any()));
-        current
-            .as_deref()
-            .unwrap_or(plan)
-            .status
-            .as_ref()?
-            .nodes
-            .iter()
-            .find(|r| r.name == node)
-            .cloned()
-    }
-
     /// Writes the status, conditioned on the resourceVersion the plan was
     /// read at: a stale read loses (409) and is retried on fresh state.
     async fn write_status(&self, plan: &Plan, mut status: PlanStatus) -> Result<()> {
@@ -1038,8 +1052,6 @@ impl PlanReconciler {
     }
 
     fn event(&self, plan: &Plan, type_: EventType, reason: &str, note: String) {
-        let recorder = self.ctx.recorder.clone();
-        let reference = plan.object_ref(&());
         let event = Event {
             type_,
             reason: reason.into(),
@@ -1047,11 +1059,7 @@ impl PlanReconciler {
             action: "Upgrade".into(),
             secondary: None,
         };
-        tokio::spawn(async move {
-            if let Err(e) = recorder.publish(&event, &reference).await {
-                tracing::debug!(error = %e, "publishing a plan event failed");
-            }
-        });
+        super::spawn_event(&self.ctx.recorder, event, plan.object_ref(&()));
     }
 
     async fn add_finalizer(&self, plan: &Plan) -> Result<()> {
@@ -1137,4 +1145,41 @@ fn timeout_of(t: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString) -> 
     };
     // drainTimeout takes whole milliseconds at least.
     Some(format!("{}ms", d.as_millis().max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::plan::PlanSpec;
+
+    #[test]
+    fn the_next_node_waits_out_post_complete_delay() {
+        let t = |s: i64| Timestamp::from_second(1_800_000_000 + s).expect("a time");
+        let plan = |delay: Option<&str>| {
+            Plan::new(
+                "p",
+                PlanSpec {
+                    post_complete_delay: delay.map(String::from),
+                    ..Default::default()
+                },
+            )
+        };
+        let done_at = |s: Option<i64>| PlanStatus {
+            last_completion_time: s.map(|s| Time(t(s))),
+            ..Default::default()
+        };
+        let table = [
+            (Some("30s"), Some(100), Some(t(130))),
+            (Some("1m30s"), Some(0), Some(t(90))),
+            (Some("30s"), None, None),
+            (None, Some(100), None),
+        ];
+        for (delay, last, want) in table {
+            assert_eq!(
+                delay_until(&plan(delay), &done_at(last)),
+                want,
+                "{delay:?} after {last:?}"
+            );
+        }
+    }
 }
