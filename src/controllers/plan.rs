@@ -35,7 +35,9 @@ use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
 use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::telemetry::trace::{self, SpanRecord, TRACEPARENT_ANNOTATION, TraceParent};
-use crate::upgrade::job::{HOSTNAME_LABEL, JobDefaults, job_name, parse_go_duration, upgrade_job};
+use crate::upgrade::job::{
+    HOSTNAME_LABEL, JobDefaults, inherited_labels, job_name, parse_go_duration, upgrade_job,
+};
 use crate::upgrade::schedule::{
     self, Candidate, JobState, Maintenance, NodeDecision, NodeFacts, Phase, Prep, Step,
 };
@@ -782,12 +784,7 @@ impl PlanReconciler {
     }
 
     async fn create_maintenance(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
-        let mut labels: BTreeMap<String, String> = plan
-            .labels()
-            .iter()
-            .filter(|(k, _)| !k.contains("cattle.io/"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let mut labels = inherited_labels(plan);
         labels.insert(labels::PLAN.into(), plan.name_any());
         labels.insert(
             labels::PLAN_NAMESPACE.into(),

@@ -142,12 +142,21 @@ fn job_labels(plan: &Plan, node: &str, version: &str, hash: &str) -> BTreeMap<St
         (labels::VERSION.to_string(), label_value(version)),
         (node_label(&name), hash.to_string()),
     ]);
-    for (k, v) in plan.metadata.labels.iter().flatten() {
-        if !k.contains("cattle.io/") {
-            all.insert(k.clone(), v.clone());
-        }
-    }
+    all.extend(inherited_labels(plan));
     all
+}
+
+/// The plan's own labels that its Jobs and NodeMaintenances carry too
+/// (upstream's rule: none of the `cattle.io/` ones), so selectors that pick
+/// the plan pick what it makes.
+pub fn inherited_labels(plan: &Plan) -> BTreeMap<String, String> {
+    plan.metadata
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !k.contains("cattle.io/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// The plan as the Jobs' controlling owner: deleting the plan deletes them.
