@@ -623,6 +623,9 @@ async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
         stop.clone(),
     ));
     wait_upgraded(&env, &env.namespace, "fleet", &nodes, Duration::from_secs(240)).await;
+    // The last node carries the hash as soon as its Job succeeds; the plan is
+    // Complete only after its reboot and settle.
+    wait_condition(&env, "fleet", "Complete", "True", "Complete").await;
     stop.cancel();
     let samples = checker.await.expect("the checker");
     let rebooted = rebooter.await.expect("the rebooter");
