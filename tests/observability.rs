@@ -15,8 +15,9 @@ use nodewarden::runtime::error::Category;
 use nodewarden::runtime::rate_limiter::default_rate_limiter;
 use nodewarden::runtime::workqueue::WorkQueue;
 use nodewarden::telemetry::metrics::{
-    CloudErrorLabels, CloudLabels, CloudOperation, ControllerLabels, DrainResult, ErrorLabels, Metrics,
-    NodeState, NodeStateLabels, NodeVersionLabels, ResultLabels,
+    CloudErrorLabels, CloudLabels, CloudOperation, ControllerLabels, DrainResult, ErrorLabels, JobResult,
+    JobResultLabels, Metrics, NodeState, NodeStateLabels, NodeVersionLabels, PlanFailure, PlanFailureLabels,
+    ResultLabels,
 };
 use serde_json::{Value, json};
 use support::manifests::{Applied, apply, describe, documents, file_name, gvk_of, is_namespace, to_object};
@@ -413,6 +414,15 @@ fn populated_metrics() -> Metrics {
         operation: CloudOperation::CreateNode,
         category: CloudErrorKind::Server,
     });
+    metrics.set_plan_nodes("probe", "probe", |_| 0);
+    metrics.plan_job_duration.get_or_create_owned(&JobResultLabels {
+        result: JobResult::Succeeded,
+    });
+    metrics.plan_failures.get_or_create_owned(&PlanFailureLabels {
+        plan_namespace: "probe".into(),
+        plan: "probe".into(),
+        reason: PlanFailure::JobFailed,
+    });
     // A queue with metrics creates the series of every queue metric.
     let _queue: WorkQueue<String> =
         WorkQueue::new("probe", default_rate_limiter(), Some(metrics.queue.bind("probe")));
@@ -547,6 +557,7 @@ fn alert_rules_are_complete_and_use_exported_metrics() {
         "NodewardenMultipleLeaders",
         "NodewardenReconcileErrors",
         "NodewardenCloudErrors",
+        "NodewardenPlanFailed",
     ] {
         if !seen.contains(wanted) {
             problems.push(format!("no alert {wanted}"));

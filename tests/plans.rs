@@ -5,139 +5,19 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
-use nodewarden::api::plan::{Plan, node_label};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use nodewarden::api::plan::Plan;
 use serde_json::{Value, json};
-use support::{Probe, RUN_LABEL, TestEnv, node_is_ready, seen, wait_for};
-
-const TIMEOUT: Duration = Duration::from_secs(90);
-
-fn plans(env: &TestEnv, ns: &str) -> Api<Plan> {
-    Api::namespaced(env.client.clone(), ns)
-}
-
-/// A Plan of the test (run label) in its namespace.
-async fn create_plan(
-    env: &TestEnv,
-    name: &str,
-    labels: Value,
-    spec: Value,
-) -> Result<DynamicObject, kube::Error> {
-    let mut all = json!({ RUN_LABEL: env.id });
-    if let (Some(all), Some(extra)) = (all.as_object_mut(), labels.as_object()) {
-        all.extend(extra.clone());
-    }
-    // Untyped, so specs the Rust type would refuse reach the API server.
-    let plan: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "upgrade.cattle.io/v1",
-        "kind": "Plan",
-        "metadata": {"name": name, "namespace": env.namespace, "labels": all},
-        "spec": spec,
-    }))
-    .expect("a plan");
-    let resource = ApiResource::erase::<Plan>(&());
-    Api::<DynamicObject>::namespaced_with(env.client.clone(), &env.namespace, &resource)
-        .create(&PostParams::default(), &plan)
-        .await
-}
-
-async fn node(env: &TestEnv, name: &str) -> Node {
-    Api::<Node>::all(env.client.clone())
-        .get(name)
-        .await
-        .expect("reading a node")
-}
-
-fn cordoned(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-}
-
-/// Waits until every node carries `plan`'s label with the plan's latest hash; returns the hash.
-async fn wait_upgraded(env: &TestEnv, ns: &str, plan: &str, nodes: &[String], timeout: Duration) -> String {
-    wait_for(&format!("{nodes:?} upgraded by {plan}"), timeout, || async {
-        let p = match plans(env, ns).get(plan).await {
-            Ok(p) => p,
-            Err(e) => return Probe::NotYet(seen(e)),
-        };
-        let Some(hash) = p.status.as_ref().and_then(|s| s.latest_hash.clone()) else {
-            return Probe::NotYet(format!("no hash yet: {:?}", p.status));
-        };
-        let mut behind = Vec::new();
-        for n in nodes {
-            let got = node(env, n).await.labels().get(&node_label(plan)).cloned();
-            if got.as_deref() != Some(hash.as_str()) {
-                behind.push(format!("{n}={got:?}"));
-            }
-        }
-        if behind.is_empty() {
-            Probe::Done(hash)
-        } else {
-            Probe::NotYet(format!("behind: {behind:?}; status {:?}", p.status))
-        }
-    })
-    .await
-}
-
-/// Waits for the Plan's condition `type_` to have `status` and returns its message.
-async fn wait_condition(env: &TestEnv, plan: &str, type_: &str, status: &str, reason: &str) -> String {
-    wait_for(&format!("{plan} {type_}={status} {reason}"), TIMEOUT, || async {
-        match plans(env, &env.namespace).get(plan).await {
-            Ok(p) => {
-                let c = p
-                    .status
-                    .iter()
-                    .flat_map(|s| s.conditions.iter())
-                    .find(|c| c.type_ == type_)
-                    .cloned();
-                match c {
-                    Some(c) if c.status == status && c.reason == reason => Probe::Done(c.message),
-                    other => Probe::NotYet(format!("{other:?}")),
-                }
-            }
-            Err(e) => Probe::NotYet(seen(e)),
-        }
-    })
-    .await
-}
-
-async fn delete_plan_and_wait(env: &TestEnv, ns: &str, name: &str) {
-    let api = plans(env, ns);
-    let _ = api.delete(name, &DeleteParams::default()).await;
-    wait_for(&format!("plan {name} gone"), TIMEOUT, || async {
-        match api.get_opt(name).await {
-            Ok(None) => Probe::Done(()),
-            Ok(Some(p)) => Probe::NotYet(format!("finalizers {:?}", p.finalizers())),
-            Err(e) => Probe::NotYet(seen(e)),
-        }
-    })
-    .await;
-}
-
-/// A PodDisruptionBudget over the pods labelled `app: <app>`.
-async fn create_pdb(env: &TestEnv, name: &str, app: &str, max_unavailable: i32) {
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": app}}},
-    }))
-    .expect("a pdb");
-    Api::<PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .expect("creating a pdb");
-}
-
-fn upgrade(image: &str) -> Value {
-    json!({"image": image, "command": ["upgrade"], "args": ["--now"]})
-}
+use support::plans::*;
+use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
 
 #[tokio::test]
 async fn the_seed_plan_applies_unchanged_and_upgrades_its_nodes() {
@@ -588,10 +468,6 @@ async fn a_drain_a_pdb_blocks_ends_at_its_timeout_naming_the_pdb() {
     env.cleanup().await;
 }
 
-/// Everything a checker saw breach.
-#[derive(Default)]
-struct Breaches(Mutex<Vec<String>>);
-
 #[tokio::test]
 async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
     let env = TestEnv::new("plan-eight").await;
@@ -613,6 +489,7 @@ async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
     let checker = tokio::spawn(check_plan(
         env.client.clone(),
         env.namespace.clone(),
+        "fleet",
         nodes.clone(),
         breaches.clone(),
         stop.clone(),
@@ -620,6 +497,7 @@ async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
     let rebooter = tokio::spawn(reboot_after_job(
         env.client.clone(),
         env.namespace.clone(),
+        "fleet",
         stop.clone(),
     ));
     wait_upgraded(&env, &env.namespace, "fleet", &nodes, Duration::from_secs(240)).await;
@@ -642,97 +520,286 @@ async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
     env.cleanup().await;
 }
 
-/// Plays the upgrade's reboot: each node whose Job of plan `fleet` completed
-/// goes NotReady for 4 s (kwok Stage on `nodewarden.dev/kwok-reboot`).
-/// Returns the nodes it rebooted.
-async fn reboot_after_job(
-    client: Client,
-    ns: String,
-    stop: tokio_util::sync::CancellationToken,
-) -> BTreeSet<String> {
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    let node_api: Api<Node> = Api::all(client);
-    let reboot = json!({"metadata": {"annotations": {"nodewarden.dev/kwok-reboot": "4"}}});
-    let mut rebooted = BTreeSet::new();
-    while !stop.is_cancelled() {
-        let lp = ListParams::default().labels("upgrade.cattle.io/plan=fleet");
-        for job in jobs.list(&lp).await.map(|l| l.items).unwrap_or_default() {
-            let complete = job
-                .status
-                .iter()
-                .flat_map(|s| s.conditions.iter().flatten())
-                .any(|c| c.type_ == "Complete" && c.status == "True");
-            let Some(node) = job.labels().get("upgrade.cattle.io/node").cloned() else {
-                continue;
-            };
-            if complete && !rebooted.contains(&node) {
-                node_api
-                    .patch(&node, &PatchParams::default(), &Patch::Merge(&reboot))
-                    .await
-                    .expect("rebooting a node");
-                rebooted.insert(node);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    rebooted
+/// A window of every day from `from` to `to` hours off the current UTC hour.
+fn window(from: i64, to: i64) -> serde_json::Value {
+    let now = jiff::Timestamp::now().to_zoned(jiff::tz::TimeZone::UTC);
+    let at = |offset: i64| {
+        let hour = (i64::from(now.hour()) + offset).rem_euclid(24);
+        format!("{hour:02}:{:02}", now.minute())
+    };
+    json!({
+        "days": ["sunday", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday"],
+        "startTime": at(from), "endTime": at(to), "timeZone": "UTC",
+    })
 }
 
-/// Polls the plan, the nodes and the PDB until stopped: never more than 2
-/// applying, never a node started while an earlier one is not Ready, the
-/// PDB never broken. Returns how many samples it took.
-async fn check_plan(
-    client: Client,
-    ns: String,
-    nodes: Vec<String>,
-    breaches: Arc<Breaches>,
-    stop: tokio_util::sync::CancellationToken,
-) -> usize {
-    let plans: Api<Plan> = Api::namespaced(client.clone(), &ns);
-    let node_api: Api<Node> = Api::all(client.clone());
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
-    let mut started: BTreeMap<String, usize> = BTreeMap::new();
-    let mut samples = 0;
-    while !stop.is_cancelled() {
-        samples += 1;
-        let breach = |what: String| breaches.0.lock().expect("breaches").push(what);
-        if let Ok(p) = plans.get("fleet").await {
-            let applying = p.status.map(|s| s.applying).unwrap_or_default();
-            if applying.len() > 2 {
-                breach(format!(
-                    "sample {samples}: {} applying: {applying:?}",
-                    applying.len()
-                ));
-            }
-            let mut not_ready = Vec::new();
-            for n in &nodes {
-                if let Ok(node) = node_api.get(n).await
-                    && !node_is_ready(&node)
-                {
-                    not_ready.push(n.clone());
+async fn patch_plan(env: &TestEnv, name: &str, spec: serde_json::Value) {
+    plans(env, &env.namespace)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .expect("patching the plan");
+}
+
+async fn set_taint(env: &TestEnv, node: &str, taints: serde_json::Value) {
+    Api::<Node>::all(env.client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"taints": taints}})),
+        )
+        .await
+        .expect("setting taints");
+}
+
+/// Upgrade pods do not tolerate it: they stay Pending, so the Job runs.
+fn hold() -> serde_json::Value {
+    json!([{"key": "example.com/hold", "effect": "NoSchedule"}])
+}
+
+async fn jobs_on(env: &TestEnv, node: &str) -> Vec<Job> {
+    Api::<Job>::namespaced(env.client.clone(), &env.namespace)
+        .list(&ListParams::default().labels(&format!("upgrade.cattle.io/node={node}")))
+        .await
+        .expect("listing jobs")
+        .items
+}
+
+async fn wait_applying(env: &TestEnv, plan: &str, want: &[&str]) {
+    wait_for(&format!("{plan} applying {want:?}"), TIMEOUT, || async {
+        match plans(env, &env.namespace).get(plan).await {
+            Ok(p) => {
+                let applying = p.status.map(|s| s.applying).unwrap_or_default();
+                match applying == want {
+                    true => Probe::Done(()),
+                    false => Probe::NotYet(format!("{applying:?}")),
                 }
             }
-            for n in &applying {
-                if !started.contains_key(n) {
-                    // A node starts: every node that finished must be Ready.
-                    let finished_not_ready: Vec<&String> = not_ready
-                        .iter()
-                        .filter(|m| started.contains_key(*m) && !applying.contains(m))
-                        .collect();
-                    if !finished_not_ready.is_empty() {
-                        breach(format!("{n} started while {finished_not_ready:?} not Ready"));
-                    }
-                    started.insert(n.clone(), samples);
-                }
-            }
+            Err(e) => Probe::NotYet(seen(e)),
         }
-        if let Ok(b) = pdbs.get("web").await
-            && let Some(s) = b.status
-            && s.current_healthy < s.desired_healthy
-        {
-            breach(format!("PDB broken: {s:?}"));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_window_starts_nodes_only_inside_it_and_never_interrupts_a_running_job() {
+    let env = TestEnv::new("plan-window").await;
+    let nodes = env.create_kwok_nodes(2, &[("windowed", "yes")]).await;
+    let operator = env.start_operator(Default::default()).await;
+    let spec = json!({
+        "version": "v2",
+        "nodeSelector": {"matchLabels": {"windowed": "yes"}},
+        "window": window(3, 4),
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    create_plan(&env, "windowed", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    let message = wait_condition(&env, "windowed", "Complete", "False", "Waiting").await;
+    assert!(message.contains("outside the plan's window"), "{message}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for n in &nodes {
+        assert!(
+            jobs_on(&env, n).await.is_empty(),
+            "{n}: nothing starts outside the window"
+        );
     }
-    samples
+
+    // Open: the first node starts, its Job held Pending by a taint; then the
+    // window closes while that Job runs.
+    for n in &nodes {
+        set_taint(&env, n, hold()).await;
+    }
+    patch_plan(&env, "windowed", json!({"window": window(-2, 2)})).await;
+    let first = wait_for("a node applying", TIMEOUT, || async {
+        match plans(&env, &env.namespace).get("windowed").await {
+            Ok(p) => match p.status.map(|s| s.applying).unwrap_or_default().as_slice() {
+                [one] => Probe::Done(one.clone()),
+                other => Probe::NotYet(format!("{other:?}")),
+            },
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let second = nodes
+        .iter()
+        .find(|n| **n != first)
+        .expect("the other node")
+        .clone();
+    wait_for("the first node's Job", TIMEOUT, || async {
+        match jobs_on(&env, &first).await.len() {
+            1 => Probe::Done(()),
+            n => Probe::NotYet(format!("{n} jobs")),
+        }
+    })
+    .await;
+    patch_plan(&env, "windowed", json!({"window": window(3, 4)})).await;
+    for n in &nodes {
+        set_taint(&env, n, json!(null)).await;
+    }
+    // The running Job finishes and its node is upgraded; the next waits.
+    wait_upgraded(
+        &env,
+        &env.namespace,
+        "windowed",
+        std::slice::from_ref(&first),
+        TIMEOUT,
+    )
+    .await;
+    wait_applying(&env, "windowed", &[]).await;
+    let message = wait_condition(&env, "windowed", "Complete", "False", "Waiting").await;
+    assert!(
+        message.contains("1/2 upgraded") && message.contains("window"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        jobs_on(&env, &second).await.is_empty(),
+        "the window is closed: {second} waits"
+    );
+
+    patch_plan(&env, "windowed", json!({"window": window(-2, 2)})).await;
+    wait_upgraded(&env, &env.namespace, "windowed", &nodes, TIMEOUT).await;
+    delete_plan_and_wait(&env, &env.namespace, "windowed").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn exclusive_plans_never_apply_at_the_same_time() {
+    let env = TestEnv::new("plan-exclusive").await;
+    let a = env.create_kwok_nodes(2, &[("exclusive", "a")]).await;
+    let b = env.create_kwok_nodes(2, &[("exclusive", "b")]).await;
+    let operator = env.start_operator(Default::default()).await;
+    for name in ["a", "b"] {
+        let spec = json!({
+            "concurrency": 2, "version": "v2", "exclusive": true, "cordon": true,
+            "nodeSelector": {"matchLabels": {"exclusive": name}},
+            "upgrade": upgrade("example.invalid/upgrade"),
+        });
+        create_plan(&env, name, json!({}), spec)
+            .await
+            .expect("creating a plan");
+    }
+    let api = plans(&env, &env.namespace);
+    let mut overlaps = Vec::new();
+    let mut waited = BTreeSet::new();
+    let started = std::time::Instant::now();
+    loop {
+        // One list: a consistent snapshot of both plans.
+        let Ok(list) = api.list(&ListParams::default()).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let status = |name: &str| {
+            list.items
+                .iter()
+                .find(|p| p.name_any() == name)
+                .and_then(|p| p.status.clone())
+                .unwrap_or_default()
+        };
+        let (sa, sb) = (status("a"), status("b"));
+        if !sa.applying.is_empty() && !sb.applying.is_empty() {
+            overlaps.push(format!("a {:?} and b {:?}", sa.applying, sb.applying));
+        }
+        for (name, s) in [("a", &sa), ("b", &sb)] {
+            let waiting = s
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.message.contains("exclusive plan"));
+            if waiting {
+                waited.insert(name);
+            }
+        }
+        let done = |s: &nodewarden::api::plan::PlanStatus| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        };
+        if done(&sa) && done(&sb) {
+            break;
+        }
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "both plans never completed: {sa:?} {sb:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(overlaps.is_empty(), "exclusive plans overlapped: {overlaps:#?}");
+    assert_eq!(waited.len(), 1, "one plan waited, saying why: {waited:?}");
+    wait_upgraded(&env, &env.namespace, "a", &a, TIMEOUT).await;
+    wait_upgraded(&env, &env.namespace, "b", &b, TIMEOUT).await;
+    for name in ["a", "b"] {
+        delete_plan_and_wait(&env, &env.namespace, name).await;
+    }
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_node_leaving_the_selector_mid_way_is_released_and_its_job_deleted() {
+    let env = TestEnv::new("plan-leave").await;
+    let nodes = env.create_kwok_nodes(1, &[("leaving", "yes")]).await;
+    let n = &nodes[0];
+    set_taint(&env, n, hold()).await;
+    let operator = env.start_operator(Default::default()).await;
+    let spec = json!({
+        "version": "v2", "cordon": true,
+        "nodeSelector": {"matchLabels": {"leaving": "yes"}},
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    create_plan(&env, "leaving", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    wait_for("its Job", TIMEOUT, || async {
+        match jobs_on(&env, n).await.len() {
+            1 => Probe::Done(()),
+            k => Probe::NotYet(format!("{k} jobs")),
+        }
+    })
+    .await;
+    assert!(cordoned(&node(&env, n).await), "the plan cordoned it");
+    Api::<Node>::all(env.client.clone())
+        .patch(
+            n,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {"leaving": null}}})),
+        )
+        .await
+        .expect("unlabelling the node");
+    wait_applying(&env, "leaving", &[]).await;
+    assert!(!cordoned(&node(&env, n).await), "the plan's cordon is undone");
+    wait_for("its Job deleted", TIMEOUT, || async {
+        let left: Vec<Job> = jobs_on(&env, n)
+            .await
+            .into_iter()
+            .filter(|j| j.metadata.deletion_timestamp.is_none())
+            .collect();
+        match left.len() {
+            0 => Probe::Done(()),
+            k => Probe::NotYet(format!("{k} jobs")),
+        }
+    })
+    .await;
+    assert_ne!(
+        node(&env, n)
+            .await
+            .labels()
+            .get(&nodewarden::api::plan::node_label("leaving"))
+            .map(String::as_str),
+        plans(&env, &env.namespace)
+            .get("leaving")
+            .await
+            .expect("the plan")
+            .status
+            .and_then(|s| s.latest_hash)
+            .as_deref(),
+        "never labelled upgraded"
+    );
+    delete_plan_and_wait(&env, &env.namespace, "leaving").await;
+    operator.stop().await;
+    env.cleanup().await;
 }

@@ -8,25 +8,19 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, ServiceAccount};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::config::Kubeconfig;
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
 use nodewarden::api::update::PendingNode;
-use serde_json::json;
 use support::jaeger::{Jaeger, JaegerTrace};
+use support::replicas::*;
 use support::rollout::*;
 use support::{Probe, TestEnv, wait_for};
-use tokio::process::{Child, Command};
 
-const SYSTEM_NAMESPACE: &str = "nodewarden-system";
 const PHASES: [&str; 7] = [
     "create instance",
     "wait for join",
@@ -36,173 +30,6 @@ const PHASES: [&str; 7] = [
     "delete instance",
     "delete node",
 ];
-
-/// A kubeconfig that authenticates as nodewarden's ServiceAccount, bound only
-/// to the roles of manifests/rbac.yaml.
-async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf {
-    for file in ["namespace.yaml", "rbac.yaml"] {
-        support::apply_manifest(
-            client,
-            &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("manifests")
-                .join(file),
-        )
-        .await;
-    }
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), SYSTEM_NAMESPACE)
-        .create_token_request("nodewarden", &PostParams::default(), &request)
-        .await
-        .expect("a ServiceAccount token")
-        .status
-        .expect("a token in the status")
-        .token;
-    let admin = Kubeconfig::read_from(&support::control_plane().kubeconfig).expect("the admin kubeconfig");
-    let cluster = admin.clusters.first().expect("a cluster").clone();
-    let config = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [cluster],
-        "users": [{"name": "nodewarden", "user": {"token": token}}],
-        "contexts": [{"name": "nodewarden", "context": {"cluster": cluster.name, "user": "nodewarden"}}],
-        "current-context": "nodewarden",
-    });
-    let path = dir.join("nodewarden.kubeconfig");
-    std::fs::write(&path, serde_json::to_string(&config).expect("json")).expect("writing the kubeconfig");
-    path
-}
-
-/// One `nodewarden run` process, as one pod of the Deployment.
-struct Replica {
-    identity: String,
-    child: Child,
-}
-
-struct Replicas {
-    args: Vec<String>,
-    /// Each replica's /metrics address (kept across restarts, like a pod's).
-    http: BTreeMap<String, String>,
-    envs: Vec<(String, String)>,
-    logs: PathBuf,
-    running: Vec<Replica>,
-}
-
-impl Replicas {
-    fn spawn(&mut self, identity: &str) -> Replica {
-        let http = self
-            .http
-            .entry(identity.to_string())
-            .or_insert_with(|| {
-                let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-                listener.local_addr().expect("an address").to_string()
-            })
-            .clone();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.logs.join(format!("{identity}.log")))
-            .expect("a log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_nodewarden"))
-            .arg("run")
-            .args(&self.args)
-            .args(["--identity", identity, "--http-addr", &http])
-            .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting nodewarden run");
-        Replica {
-            identity: identity.to_string(),
-            child,
-        }
-    }
-
-    fn position(&self, identity: &str) -> usize {
-        self.running
-            .iter()
-            .position(|r| r.identity == identity)
-            .unwrap_or_else(|| panic!("{identity} is not one of the replicas"))
-    }
-
-    /// SIGKILL: no chance to release anything.
-    async fn kill(&mut self, identity: &str) {
-        let i = self.position(identity);
-        let _ = self.running[i].child.start_kill();
-        let _ = self.running[i].child.wait().await;
-    }
-
-    /// Starts a killed replica again under the same name (the kubelet
-    /// restarting the container of the same pod).
-    fn restart(&mut self, identity: &str) {
-        let i = self.position(identity);
-        self.running[i] = self.spawn(identity);
-    }
-
-    fn sigterm(&self, identity: &str) {
-        let pid = self.running[self.position(identity)]
-            .child
-            .id()
-            .expect("a running replica");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("running kill");
-        assert!(status.success(), "kill -TERM {pid}");
-    }
-
-    fn tail_logs(&self) -> String {
-        let mut out = String::new();
-        for r in &self.running {
-            let text =
-                std::fs::read_to_string(self.logs.join(format!("{}.log", r.identity))).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            out.push_str(&format!("--- {} (last 15 lines)\n", r.identity));
-            for l in &lines[lines.len().saturating_sub(15)..] {
-                out.push_str(l);
-                out.push('\n');
-            }
-        }
-        out
-    }
-}
-
-async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
-    leases
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity)
-        .filter(|h| !h.is_empty())
-}
-
-/// How long until a replica other than `old` holds the lease.
-async fn wait_for_new_leader(
-    leases: &Api<Lease>,
-    name: &str,
-    old: &str,
-    since: Instant,
-) -> (String, Duration) {
-    loop {
-        if let Some(h) = holder(leases, name).await
-            && h != old
-        {
-            return (h, since.elapsed());
-        }
-        assert!(
-            since.elapsed() < Duration::from_secs(30),
-            "no new leader after {old} in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one_trace_per_replacement() {
@@ -224,44 +51,15 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     let kubeconfig = service_account_kubeconfig(&env.client, dir).await;
     let lease_name = format!("nodewarden-{}", env.id);
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE);
-    let mut replicas = Replicas {
-        args: [
-            "--kubeconfig",
-            &kubeconfig.to_string_lossy(),
-            "--lease-namespace",
-            SYSTEM_NAMESPACE,
-            "--lease-name",
-            &lease_name,
-            "--lease-duration",
-            "3",
-            "--renew-deadline",
-            "2",
-            "--retry-period",
-            "0.5",
-            "--node-selector",
-            &env.run_selector(),
-            "--object-selector",
-            &env.run_selector(),
-            "--sim-cloud",
-            &r.sim.sim.addr,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-        envs: vec![
-            ("RUST_LOG".into(), "info".into()),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), jaeger.otlp_endpoint.clone()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/json".into()),
-            ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
-        ],
-        http: BTreeMap::new(),
-        logs: dir.to_path_buf(),
-        running: Vec::new(),
-    };
-    for i in 0..3 {
-        let replica = replicas.spawn(&format!("{}-replica-{i}", env.id));
-        replicas.running.push(replica);
-    }
+    let replicas = Replicas::start(
+        3,
+        env,
+        &kubeconfig,
+        &lease_name,
+        &jaeger.otlp_endpoint,
+        &["--sim-cloud", &r.sim.sim.addr],
+        dir,
+    );
     let first = wait_for("a leader", Duration::from_secs(30), || async {
         match holder(&leases, &lease_name).await {
             Some(h) => Probe::Done(h),
@@ -333,12 +131,7 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     // Metrics: the leader's view of the finished rollout, with exemplars.
     let leader = holder(&leases, &lease_name).await.expect("a leader");
     let nv = env.name("version");
-    let value = |text: &str, series: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-            .and_then(|l| l[series.len()..].split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-    };
+    let value = metric_value;
     let finished = [
         (
             format!("nodewarden_nodes{{nodeversion=\"{nv}\",state=\"up_to_date\"}}"),
@@ -359,13 +152,10 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
         "the leader's gauges to show the finished rollout",
         Duration::from_secs(15),
         || async {
-            let mut scraped = BTreeMap::new();
-            for (identity, addr) in &replicas.http {
-                match support::jaeger::http_get(&format!("http://{addr}/metrics")).await {
-                    Ok(text) => scraped.insert(identity.clone(), text),
-                    Err(e) => return Probe::NotYet(format!("scraping {identity}: {e}")),
-                };
-            }
+            let scraped = match replicas.scrape().await {
+                Ok(s) => s,
+                Err(e) => return Probe::NotYet(e),
+            };
             let wrong: Vec<String> = finished
                 .iter()
                 .filter(|(series, want)| value(&scraped[&leader], series) != Some(*want))
@@ -426,28 +216,9 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
 
     // Traces: exactly one per replaced node, every phase present, one that
     // crossed a leader change, each linked to the rollout's trace.
-    let traces: Vec<JaegerTrace> = wait_for(
-        "a replacement trace per replaced node in Jaeger",
-        Duration::from_secs(30),
-        || async {
-            match jaeger.traces("nodewarden", "replace node").await {
-                Ok(t) => {
-                    let nodes: BTreeSet<String> = t
-                        .iter()
-                        .filter_map(|t| t.root("replace node"))
-                        .filter_map(|s| s.tag_str("k8s.node.name").map(str::to_string))
-                        .collect();
-                    if nodes == initial {
-                        Probe::Done(t)
-                    } else {
-                        Probe::NotYet(format!("traces for {nodes:?}"))
-                    }
-                }
-                Err(e) => Probe::NotYet(e),
-            }
-        },
-    )
-    .await;
+    let traces: Vec<JaegerTrace> = jaeger
+        .wait_node_traces("nodewarden", "replace node", &initial)
+        .await;
     let mut per_node: BTreeMap<String, Vec<&JaegerTrace>> = BTreeMap::new();
     for t in &traces {
         let root = t.root("replace node").expect("a root span");

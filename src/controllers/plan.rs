@@ -23,6 +23,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, P
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 
+use super::replacement_trace::TRACE_FLUSH_TIMEOUT;
 use super::{App, node_is_ready};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
@@ -34,6 +35,9 @@ use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
 use crate::runtime::store::{Key, ObjectKey, Store};
+use crate::telemetry::metrics::{
+    JobResult, JobResultLabels, Metrics, PlanFailure, PlanFailureLabels, PlanNodeState,
+};
 use crate::telemetry::trace::{self, SpanRecord, TRACEPARENT_ANNOTATION, TraceParent};
 use crate::upgrade::job::{
     HOSTNAME_LABEL, JobDefaults, inherited_labels, job_name, parse_go_duration, upgrade_job,
@@ -111,6 +115,7 @@ pub fn register(manager: &mut Manager, app: &App) {
             client: app.client.clone(),
             leader: app.leader.clone(),
             recorder: app.recorder.clone(),
+            metrics: app.metrics.clone(),
             config: app.plans.clone(),
             plans,
             nodes,
@@ -138,6 +143,7 @@ struct PlanContext {
     client: Client,
     leader: LeaderHandle,
     recorder: Recorder,
+    metrics: Metrics,
     config: PlanConfig,
     plans: Store<Plan>,
     nodes: Store<Node>,
@@ -166,8 +172,12 @@ impl Reconciler for PlanReconciler {
     type Object = Plan;
     type Error = Error;
 
-    async fn reconcile(&self, _key: &Key<Plan>, plan: Option<Arc<Plan>>) -> Result<Action> {
+    async fn reconcile(&self, key: &Key<Plan>, plan: Option<Arc<Plan>>) -> Result<Action> {
         let Some(plan) = plan else {
+            let k = key.untyped();
+            self.ctx
+                .metrics
+                .forget_plan(k.namespace.as_deref().unwrap_or_default(), &k.name);
             return Ok(Action::Done);
         };
         if plan.metadata.deletion_timestamp.is_some() {
@@ -281,12 +291,12 @@ impl PlanReconciler {
         }
         let released: Vec<String> = applying
             .iter()
-            .filter(|a| a.decision.step == Step::Release)
+            .filter(|a| a.decision.step == Step::Finish)
             .map(|a| a.name.clone())
             .collect();
         let kept: Vec<&Applying> = applying
             .iter()
-            .filter(|a| a.decision.step != Step::Release)
+            .filter(|a| a.decision.step != Step::Finish)
             .collect();
         let _exclusive = match plan.spec.exclusive.unwrap_or(false) {
             true => Some(self.ctx.exclusive.lock().await),
@@ -309,6 +319,7 @@ impl PlanReconciler {
             .iter()
             .filter(|n| hash_label(plan, n).as_deref() == Some(target.hash.as_str()))
             .count();
+        let counts = node_counts(plan, &selected, &status, &target.hash);
         let selected = selected.len();
         status.progress = Some(format!("{upgraded}/{selected}"));
         complete_condition(
@@ -321,6 +332,11 @@ impl PlanReconciler {
             now,
         );
         self.write_status(plan, status.clone()).await?;
+        self.ctx
+            .metrics
+            .set_plan_nodes(&plan.namespace().unwrap_or_default(), &plan.name_any(), |state| {
+                counts.get(&state).copied().unwrap_or(0)
+            });
         self.note_exclusive(plan, &status);
         self.after_write(plan, &old, &status, &released, target, now)
             .await;
@@ -446,6 +462,14 @@ impl PlanReconciler {
             .get(&ObjectKey::cluster(&maintenance_name(plan, name)))
             .map(|m| maintenance_state(&m))
             .unwrap_or(Maintenance::Absent);
+        let cordoned_by_plan = node
+            .as_deref()
+            .and_then(recorded_changes)
+            .is_some_and(|c| c.owner == owner(plan));
+        let remnants = maintenance != Maintenance::Absent
+            || cordoned_by_plan
+            || job == JobState::Running
+            || earlier_job_running;
         NodeFacts {
             name: name.to_string(),
             hash_label: node.as_ref().and_then(|n| hash_label(plan, n)),
@@ -453,12 +477,10 @@ impl PlanReconciler {
             ready_since: node.as_deref().and_then(ready_since),
             selected: node.as_deref().is_some_and(|n| selects(plan, n)),
             maintenance,
-            cordoned_by_plan: node
-                .as_deref()
-                .and_then(recorded_changes)
-                .is_some_and(|c| c.owner == owner(plan)),
+            cordoned_by_plan,
             job,
             earlier_job_running,
+            remnants,
         }
     }
 }
@@ -639,11 +661,7 @@ fn complete_condition(
     now: Timestamp,
 ) {
     let (ok, reason, message) = if let Some(f) = kept.iter().find(|a| a.decision.phase == Phase::Failed) {
-        let reason = if f.decision.message.starts_with("drain") {
-            "DrainFailed"
-        } else {
-            "JobFailed"
-        };
+        let reason = failure_of(&f.decision.message).as_str();
         (false, reason, format!("node {}: {}", f.name, f.decision.message))
     } else if !kept.is_empty() || !status.applying.is_empty() {
         let nodes: Vec<String> = status
@@ -677,10 +695,52 @@ fn complete_condition(
     );
 }
 
+/// The selected nodes by state: applying (or failed) as `status` lists
+/// them, else upgraded or due by their hash label.
+fn node_counts(
+    plan: &Plan,
+    selected: &[Arc<Node>],
+    status: &PlanStatus,
+    hash: &str,
+) -> HashMap<PlanNodeState, usize> {
+    let mut counts = HashMap::new();
+    for r in status.nodes.iter().filter(|r| status.applying.contains(&r.name)) {
+        let state = match r.phase == Phase::Failed.as_str() {
+            true => PlanNodeState::Failed,
+            false => PlanNodeState::Applying,
+        };
+        *counts.entry(state).or_insert(0) += 1;
+    }
+    for n in selected {
+        if status.applying.contains(&n.name_any()) {
+            continue;
+        }
+        let state = match hash_label(plan, n).as_deref() == Some(hash) {
+            true => PlanNodeState::Upgraded,
+            false => PlanNodeState::Due,
+        };
+        *counts.entry(state).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// What a failed node's message says failed (schedule's drain messages
+/// start with "drain").
+fn failure_of(message: &str) -> PlanFailure {
+    if message.starts_with("drain") {
+        PlanFailure::DrainFailed
+    } else {
+        PlanFailure::JobFailed
+    }
+}
+
 /// How soon to look again: while a node settles or a delay runs out.
 fn next_look(plan: &Plan, status: &PlanStatus, kept: &[&Applying], now: Timestamp) -> Duration {
     let mut wait = Duration::from_secs(3600);
-    if kept.iter().any(|a| a.decision.phase == Phase::WaitingReady) {
+    if kept
+        .iter()
+        .any(|a| matches!(a.decision.phase, Phase::WaitingReady | Phase::Releasing))
+    {
         wait = wait.min(Duration::from_secs(1));
     }
     if let Some(t) = delay_until(plan, status).filter(|t| *t > now) {
@@ -769,12 +829,12 @@ impl PlanReconciler {
 
     /// Carries out one node's step.
     async fn step(&self, plan: &Plan, node: &str, step: Step, target: &Target) -> Result<()> {
-        if step == Step::Wait {
+        if matches!(step, Step::Wait | Step::Finish) {
             return Ok(());
         }
         self.ctx.leader.ensure_leader()?;
         match step {
-            Step::Wait => Ok(()),
+            Step::Wait | Step::Finish => Ok(()),
             Step::Drain => self.create_maintenance(plan, node, target).await,
             Step::Cordon => self.cordon(plan, node).await,
             Step::CreateJob => self.create_job(plan, node, target).await,
@@ -982,6 +1042,7 @@ impl PlanReconciler {
         now: Timestamp,
     ) {
         let end = SystemTime::from(now);
+        let mut emitted = false;
         for r in &old.nodes {
             let Some(tp) = TraceParent::parse(&r.traceparent) else {
                 continue;
@@ -990,7 +1051,9 @@ impl PlanReconciler {
             if next.is_some_and(|n| n.phase == r.phase) {
                 continue;
             }
+            self.observe_job(plan, r, next, end);
             if let Some(span) = phase_span(&r.phase) {
+                emitted = true;
                 trace::emit_phase(
                     &tp,
                     SpanRecord::new(span, SystemTime::from(r.phase_since.0), end)
@@ -998,10 +1061,6 @@ impl PlanReconciler {
                 );
             }
             if released.contains(&r.name) {
-                trace::emit_phase(
-                    &tp,
-                    SpanRecord::new("uncordon", end, end).attr("k8s.node.name", r.name.clone()),
-                );
                 trace::emit_root(
                     &tp,
                     SpanRecord::new("upgrade node", SystemTime::from(r.started.0), end)
@@ -1037,6 +1096,10 @@ impl PlanReconciler {
                 );
             }
         }
+        if emitted {
+            // A replica killed later loses nothing it already wrote.
+            trace::flush(TRACE_FLUSH_TIMEOUT).await;
+        }
         let complete = |s: &PlanStatus| crate::api::conditions::is_true(&s.conditions, "Complete");
         if complete(new) && !complete(old) {
             self.event(
@@ -1045,6 +1108,41 @@ impl PlanReconciler {
                 "Complete",
                 format!("every selected node runs {}", target.version),
             );
+        }
+    }
+
+    /// A record that left the job phase: the Job's duration; one that
+    /// turned Failed: a failure.
+    fn observe_job(&self, plan: &Plan, was: &NodeUpgrade, next: Option<&NodeUpgrade>, end: SystemTime) {
+        let Some(next) = next else {
+            return;
+        };
+        let took = end
+            .duration_since(SystemTime::from(was.phase_since.0))
+            .unwrap_or_default();
+        let failed = next.phase == Phase::Failed.as_str();
+        if was.phase == Phase::Upgrading.as_str() && (failed || next.phase == Phase::WaitingReady.as_str()) {
+            let result = if failed {
+                JobResult::Failed
+            } else {
+                JobResult::Succeeded
+            };
+            self.ctx
+                .metrics
+                .plan_job_duration
+                .get_or_create(&JobResultLabels { result })
+                .observe(took.as_secs_f64());
+        }
+        if failed {
+            self.ctx
+                .metrics
+                .plan_failures
+                .get_or_create(&PlanFailureLabels {
+                    plan_namespace: plan.namespace().unwrap_or_default(),
+                    plan: plan.name_any(),
+                    reason: failure_of(&next.message),
+                })
+                .inc();
         }
     }
 
@@ -1078,6 +1176,9 @@ impl PlanReconciler {
         if !plan.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(());
         }
+        self.ctx
+            .metrics
+            .forget_plan(&plan.namespace().unwrap_or_default(), &plan.name_any());
         let mut nodes: BTreeSet<String> = plan
             .status
             .iter()
@@ -1128,6 +1229,7 @@ fn phase_span(phase: &str) -> Option<&'static str> {
         "Draining" => "drain",
         "Upgrading" => "job",
         "WaitingReady" => "wait ready",
+        "Releasing" => "uncordon",
         _ => return None,
     })
 }

@@ -31,7 +31,16 @@ macro_rules! label_value_from_as_str {
 
 // Category and CloudErrorKind spell their label text themselves (Category's
 // is also the Event reason), so runtime/ and cloud/ need no prometheus_client.
-label_value_from_as_str!(Category, CloudErrorKind, NodeState, DrainResult, CloudOperation);
+label_value_from_as_str!(
+    Category,
+    CloudErrorKind,
+    NodeState,
+    DrainResult,
+    CloudOperation,
+    PlanNodeState,
+    JobResult,
+    PlanFailure,
+);
 
 /// A node's state in a rollout, the `state` label of `nodes`.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -113,6 +122,107 @@ impl CloudOperation {
             CloudOperation::ListGroups => "list_groups",
         }
     }
+}
+
+/// A selected node's state in a Plan, the `state` label of `plan_nodes`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum PlanNodeState {
+    /// Carries the plan's current hash and is not applying.
+    Upgraded,
+    /// Waits for its turn.
+    Due,
+    /// Applying: cordon, drain, Job or the health gate.
+    Applying,
+    /// Its drain or Job failed; it holds the plan.
+    Failed,
+}
+
+impl PlanNodeState {
+    /// Every state, in the order the metric's series are set.
+    pub const ALL: [PlanNodeState; 4] = [
+        PlanNodeState::Upgraded,
+        PlanNodeState::Due,
+        PlanNodeState::Applying,
+        PlanNodeState::Failed,
+    ];
+
+    /// The label text: `upgraded`, `due`, `applying` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanNodeState::Upgraded => "upgraded",
+            PlanNodeState::Due => "due",
+            PlanNodeState::Applying => "applying",
+            PlanNodeState::Failed => "failed",
+        }
+    }
+}
+
+/// How an upgrade Job ended, the `result` label of `plan_job_duration_seconds`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum JobResult {
+    /// Completed.
+    Succeeded,
+    /// Failed: backoff limit or deadline.
+    Failed,
+}
+
+impl JobResult {
+    /// The label text: `succeeded` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobResult::Succeeded => "succeeded",
+            JobResult::Failed => "failed",
+        }
+    }
+}
+
+/// Why a node stopped a Plan, the `reason` label of `plan_failures`
+/// (also the Complete condition's reason).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum PlanFailure {
+    /// Its drain failed or timed out.
+    DrainFailed,
+    /// Its Job failed.
+    JobFailed,
+}
+
+impl PlanFailure {
+    /// The label text: the condition reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanFailure::DrainFailed => "DrainFailed",
+            PlanFailure::JobFailed => "JobFailed",
+        }
+    }
+}
+
+/// Label set of `plan_nodes`: the Plan and a state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlanNodeLabels {
+    /// The Plan's namespace (not `namespace`: scrapes add that label for the pod's).
+    pub plan_namespace: String,
+    /// The Plan's name.
+    pub plan: String,
+    /// The nodes' state in the plan.
+    pub state: PlanNodeState,
+}
+
+/// Label set of `plan_job_duration_seconds`: how the Job ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobResultLabels {
+    /// How the Job ended.
+    pub result: JobResult,
+}
+
+/// Label set of `plan_failures`: the Plan and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlanFailureLabels {
+    /// The Plan's namespace (not `namespace`: scrapes add that label for the pod's).
+    pub plan_namespace: String,
+    /// The Plan's name.
+    pub plan: String,
+    /// What failed.
+    pub reason: PlanFailure,
 }
 
 /// Label set of the reconcile metrics: the controller.
@@ -293,6 +403,11 @@ fn reconcile_histogram() -> HistogramWithExemplars<TraceLabels> {
     HistogramWithExemplars::new(exponential_buckets(0.001, 2.0, 17))
 }
 
+fn job_histogram() -> Histogram {
+    // 1 s .. ~2.3 h
+    Histogram::new(exponential_buckets(1.0, 2.0, 14))
+}
+
 fn drain_histogram() -> Histogram {
     // 1 s .. ~1.1 h
     Histogram::new(exponential_buckets(1.0, 2.0, 13))
@@ -335,6 +450,12 @@ pub struct Metrics {
     pub cloud_duration: HistogramFamily<CloudLabels>,
     /// Failed cloud provider calls, by provider, operation and error category.
     pub cloud_errors: Family<CloudErrorLabels, Counter>,
+    /// Selected nodes of each Plan by state (set by the leader).
+    pub plan_nodes: Family<PlanNodeLabels, Gauge>,
+    /// Upgrade Jobs from their node entering the job phase to the Job's end.
+    pub plan_job_duration: HistogramFamily<JobResultLabels>,
+    /// Nodes that stopped a Plan, by Plan and reason.
+    pub plan_failures: Family<PlanFailureLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -354,6 +475,7 @@ impl Metrics {
         metrics.register_rollout(&mut registry);
         metrics.register_drain(&mut registry);
         metrics.register_cloud(&mut registry);
+        metrics.register_plan(&mut registry);
         Metrics {
             registry: Arc::new(registry),
             ..metrics
@@ -379,6 +501,9 @@ impl Metrics {
             drains_blocked: Gauge::default(),
             cloud_duration: Family::new_with_constructor(cloud_histogram),
             cloud_errors: Family::default(),
+            plan_nodes: Family::default(),
+            plan_job_duration: Family::new_with_constructor(job_histogram),
+            plan_failures: Family::default(),
         }
     }
 
@@ -463,12 +588,57 @@ impl Metrics {
         );
     }
 
+    /// In-place upgrade Plans.
+    fn register_plan(&self, registry: &mut Registry) {
+        registry.register(
+            "plan_nodes",
+            "Selected nodes of each Plan by state: upgraded, due, applying, failed (leader only)",
+            self.plan_nodes.clone(),
+        );
+        registry.register(
+            "plan_job_duration_seconds",
+            "Time from a node entering its upgrade Job's phase to the Job's end, by result",
+            self.plan_job_duration.clone(),
+        );
+        registry.register(
+            "plan_failures",
+            "Nodes whose drain or upgrade Job failed and stopped their Plan",
+            self.plan_failures.clone(),
+        );
+    }
+
+    /// Sets a Plan's node counts (every state, zeros included).
+    pub fn set_plan_nodes(&self, namespace: &str, plan: &str, counts: impl Fn(PlanNodeState) -> usize) {
+        for state in PlanNodeState::ALL {
+            let labels = PlanNodeLabels {
+                plan_namespace: namespace.into(),
+                plan: plan.into(),
+                state,
+            };
+            self.plan_nodes
+                .get_or_create(&labels)
+                .set(i64::try_from(counts(state)).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A deleted Plan: its series go.
+    pub fn forget_plan(&self, namespace: &str, plan: &str) {
+        for state in PlanNodeState::ALL {
+            self.plan_nodes.remove(&PlanNodeLabels {
+                plan_namespace: namespace.into(),
+                plan: plan.into(),
+                state,
+            });
+        }
+    }
+
     /// Leadership lost: the gauges only a leader keeps current go, so no
     /// dashboard or alert reads a former leader's last values.
     pub fn forget_leader_state(&self) {
         self.nodes.clear();
         self.rollout_progress.clear();
         self.rollout_last_progress.clear();
+        self.plan_nodes.clear();
         self.drains_running.set(0);
         self.drains_blocked.set(0);
     }
@@ -532,6 +702,7 @@ mod tests {
             })
             .set(3);
         m.drains_blocked.set(1);
+        m.set_plan_nodes("ns", "p", |_| 1);
         assert!(
             m.encode()
                 .contains("nodewarden_rollout_progress_ratio{nodeversion=\"v\"} 0.5")
@@ -540,6 +711,7 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains("nodewarden_rollout_progress_ratio{"), "{text}");
         assert!(!text.contains("nodewarden_nodes{"), "{text}");
+        assert!(!text.contains("nodewarden_plan_nodes{"), "{text}");
         assert!(text.contains("nodewarden_drains_blocked 0"), "{text}");
     }
 
@@ -569,8 +741,29 @@ mod tests {
                 category: CloudErrorKind::InvalidProviderId,
             })
             .inc();
+        m.set_plan_nodes("ns", "p", |s| {
+            PlanNodeState::ALL.iter().position(|x| *x == s).unwrap_or(0)
+        });
+        m.plan_job_duration
+            .get_or_create(&JobResultLabels {
+                result: JobResult::Failed,
+            })
+            .observe(2.0);
+        m.plan_failures
+            .get_or_create(&PlanFailureLabels {
+                plan_namespace: "ns".into(),
+                plan: "p".into(),
+                reason: PlanFailure::DrainFailed,
+            })
+            .inc();
         let text = m.encode();
         for line in [
+            r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="upgraded"} 0"#,
+            r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="due"} 1"#,
+            r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="applying"} 2"#,
+            r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="failed"} 3"#,
+            r#"nodewarden_plan_job_duration_seconds_count{result="failed"} 1"#,
+            r#"nodewarden_plan_failures_total{plan_namespace="ns",plan="p",reason="DrainFailed"} 1"#,
             r#"nodewarden_nodes{nodeversion="v",state="up_to_date"} 1"#,
             r#"nodewarden_nodes{nodeversion="v",state="outdated"} 1"#,
             r#"nodewarden_nodes{nodeversion="v",state="replacing"} 1"#,

@@ -72,6 +72,9 @@ pub struct NodeFacts {
     pub job: JobState,
     /// A Job of an earlier hash still runs on it.
     pub earlier_job_running: bool,
+    /// Something this plan put on it is still there: its NodeMaintenance
+    /// (also while being deleted), its cordon, a running Job.
+    pub remnants: bool,
 }
 
 /// What to do on an applying node now.
@@ -87,8 +90,10 @@ pub enum Step {
     CreateJob,
     /// Label it with the hash and postCompleteLabels.
     Label,
-    /// Undo this plan's cordon or drain and take it off `applying`.
+    /// Undo this plan's cordon or drain, stop its running Jobs.
     Release,
+    /// Nothing of the plan is left on it: take it off `applying`.
+    Finish,
 }
 
 /// A node's phase in `status.nodes` (and its trace's span names).
@@ -143,8 +148,29 @@ fn decision(phase: Phase, step: Step, message: impl Into<String>) -> NodeDecisio
 
 /// What the next step on an applying node is. `record` is its entry in
 /// `status.nodes`; `settle` how long it must have been Ready after its Job
-/// before it counts as done (the health gate upstream lacks).
+/// before it counts as done (the health gate upstream lacks). The status
+/// says Releasing before anything is undone (so a round that read a stale
+/// status undoes nothing and no phase goes unrecorded), and a released node
+/// leaves `applying` only once nothing of the plan is left on it, so the
+/// next node never drains while the last one is still cordoned.
 pub fn decide_node(
+    prep: Prep,
+    hash: &str,
+    node: &NodeFacts,
+    record: Option<&NodeUpgrade>,
+    now: Timestamp,
+    settle: Duration,
+) -> NodeDecision {
+    let d = decide(prep, hash, node, record, now, settle);
+    let releasing = record.is_some_and(|r| r.phase == Phase::Releasing.as_str());
+    match d.step {
+        Step::Release if !node.remnants => decision(Phase::Releasing, Step::Finish, d.message),
+        Step::Release if !releasing => decision(Phase::Releasing, Step::Wait, d.message),
+        _ => d,
+    }
+}
+
+fn decide(
     prep: Prep,
     hash: &str,
     node: &NodeFacts,
@@ -320,6 +346,7 @@ mod tests {
             cordoned_by_plan: false,
             job: JobState::Absent,
             earlier_job_running: false,
+            remnants: true,
         }
     }
 
@@ -357,6 +384,7 @@ mod tests {
         let failed = record(Phase::Failed, H, 0);
         let failed_old = record(Phase::Failed, "hash-1", 0);
         let labelled = record(Phase::WaitingReady, H, 100);
+        let releasing = record(Phase::Releasing, H, 110);
         #[rustfmt::skip]
         let table: Vec<Row> = vec![
             ("drain first", Prep::Drain, node(), None, 0, Phase::Draining, Step::Drain),
@@ -375,8 +403,13 @@ mod tests {
             ("labelled, rebooting", Prep::Drain, with(&|n| { n.hash_label = Some(H.into()); n.ready = false; }), Some(&labelled), 200, Phase::WaitingReady, Step::Wait),
             ("labelled, settling", Prep::Drain, with(&|n| n.hash_label = Some(H.into())), Some(&labelled), 105, Phase::WaitingReady, Step::Wait),
             ("back Ready, settling", Prep::Drain, with(&|n| { n.hash_label = Some(H.into()); n.ready_since = Some(t(300)); }), Some(&labelled), 305, Phase::WaitingReady, Step::Wait),
-            ("settled: release", Prep::Drain, with(&|n| n.hash_label = Some(H.into())), Some(&labelled), 110, Phase::Releasing, Step::Release),
-            ("deselected: release", Prep::Drain, with(&|n| { n.selected = false; n.job = JobState::Running; }), None, 0, Phase::Releasing, Step::Release),
+            ("settled: recorded releasing first", Prep::Drain, with(&|n| n.hash_label = Some(H.into())), Some(&labelled), 110, Phase::Releasing, Step::Wait),
+            ("recorded releasing: release", Prep::Drain, with(&|n| n.hash_label = Some(H.into())), Some(&releasing), 110, Phase::Releasing, Step::Release),
+            ("deselected: recorded releasing first", Prep::Drain, with(&|n| { n.selected = false; n.job = JobState::Running; }), None, 0, Phase::Releasing, Step::Wait),
+            ("deselected, recorded: release", Prep::Drain, with(&|n| { n.selected = false; n.job = JobState::Running; }), Some(&releasing), 0, Phase::Releasing, Step::Release),
+            ("released: finish", Prep::Drain, with(&|n| { n.hash_label = Some(H.into()); n.remnants = false; }), Some(&labelled), 110, Phase::Releasing, Step::Finish),
+            ("deselected, nothing left: finish", Prep::Drain, with(&|n| { n.selected = false; n.remnants = false; }), None, 0, Phase::Releasing, Step::Finish),
+            ("no prep, settled: finish", Prep::Nothing, with(&|n| { n.hash_label = Some(H.into()); n.remnants = false; }), Some(&labelled), 110, Phase::Releasing, Step::Finish),
         ];
         for (what, prep, n, rec, now, phase, step) in table {
             let d = decide_node(prep, H, &n, rec, t(now), settle);

@@ -58,6 +58,39 @@ impl Jaeger {
     }
 }
 
+impl Jaeger {
+    /// Waits until the traces of `service` with a root span `root` name
+    /// exactly `nodes` (by the root's `k8s.node.name`), and returns them.
+    pub async fn wait_node_traces(
+        &self,
+        service: &str,
+        root: &str,
+        nodes: &std::collections::BTreeSet<String>,
+    ) -> Vec<JaegerTrace> {
+        super::wait_for(
+            &format!("a {root:?} trace per node in Jaeger"),
+            std::time::Duration::from_secs(30),
+            || async {
+                match self.traces(service, root).await {
+                    Ok(t) => {
+                        let traced: std::collections::BTreeSet<String> = t
+                            .iter()
+                            .filter_map(|t| t.root(root))
+                            .filter_map(|s| s.tag_str("k8s.node.name").map(str::to_string))
+                            .collect();
+                        match &traced == nodes {
+                            true => super::Probe::Done(t),
+                            false => super::Probe::NotYet(format!("traces for {traced:?}")),
+                        }
+                    }
+                    Err(e) => super::Probe::NotYet(e),
+                }
+            },
+        )
+        .await
+    }
+}
+
 /// GET a plain-HTTP URL; the body as text, or what went wrong.
 pub async fn http_get(uri: &str) -> Result<String, String> {
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();

@@ -11,12 +11,14 @@
 //! CRDs), `env` (one test's namespace, run id, Nodes and Deployments, cleanup),
 //! `wait` (probes polled until done), `proxy` (a TCP proxy that cuts and stalls
 //! connections to the API server), `operator` (the operator under test, run
-//! in-process); `manifests`, `jaeger`, `sim` and `rollout` for the tests that
-//! need them. Tests use the names re-exported here.
+//! in-process); `manifests`, `jaeger`, `sim`, `rollout`, `plans` and `replicas` (nodewarden
+//! run as processes, like the pods of its Deployment) for the tests that need them. Tests use the names re-exported here.
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
 pub mod jaeger;
 pub mod manifests;
+pub mod plans;
+pub mod replicas;
 pub mod rollout;
 pub mod sim;
 

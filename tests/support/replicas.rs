@@ -1,0 +1,262 @@
+//! nodewarden as it runs in production: `nodewarden run` processes (the
+//! replicas of one Deployment) authenticated as the ServiceAccount of
+//! manifests/rbac.yaml and nothing more, killed, restarted and stopped the
+//! way a kubelet does.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use kube::config::Kubeconfig;
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+/// Where manifests/ puts nodewarden (and its ServiceAccount and leases).
+pub const SYSTEM_NAMESPACE: &str = "nodewarden-system";
+
+/// A kubeconfig that authenticates as nodewarden's ServiceAccount, bound only
+/// to the roles of manifests/rbac.yaml.
+pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf {
+    for file in ["namespace.yaml", "rbac.yaml"] {
+        super::apply_manifest(
+            client,
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("manifests")
+                .join(file),
+        )
+        .await;
+    }
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+        .create_token_request("nodewarden", &PostParams::default(), &request)
+        .await
+        .expect("a ServiceAccount token")
+        .status
+        .expect("a token in the status")
+        .token;
+    let admin = Kubeconfig::read_from(&super::control_plane().kubeconfig).expect("the admin kubeconfig");
+    let cluster = admin.clusters.first().expect("a cluster").clone();
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": "nodewarden", "user": {"token": token}}],
+        "contexts": [{"name": "nodewarden", "context": {"cluster": cluster.name, "user": "nodewarden"}}],
+        "current-context": "nodewarden",
+    });
+    let path = dir.join("nodewarden.kubeconfig");
+    std::fs::write(&path, serde_json::to_string(&config).expect("json")).expect("writing the kubeconfig");
+    path
+}
+
+/// One `nodewarden run` process, as one pod of the Deployment.
+pub struct Replica {
+    identity: String,
+    child: Child,
+}
+
+pub struct Replicas {
+    pub args: Vec<String>,
+    /// Each replica's /metrics address (kept across restarts, like a pod's).
+    pub http: BTreeMap<String, String>,
+    pub envs: Vec<(String, String)>,
+    pub logs: PathBuf,
+    pub running: Vec<Replica>,
+}
+
+impl Replicas {
+    /// `count` replicas sharing one lease (3 s, renew 2 s, retry 0.5 s),
+    /// scoped to the test's nodes and objects, exporting traces to
+    /// `otlp_endpoint`; `extra` arguments go to every `nodewarden run`.
+    pub fn start(
+        count: usize,
+        env: &super::TestEnv,
+        kubeconfig: &Path,
+        lease_name: &str,
+        otlp_endpoint: &str,
+        extra: &[&str],
+        logs: &Path,
+    ) -> Replicas {
+        let selector = env.run_selector();
+        let common = [
+            "--kubeconfig",
+            &kubeconfig.to_string_lossy(),
+            "--lease-namespace",
+            SYSTEM_NAMESPACE,
+            "--lease-name",
+            lease_name,
+            "--lease-duration",
+            "3",
+            "--renew-deadline",
+            "2",
+            "--retry-period",
+            "0.5",
+            "--node-selector",
+            &selector,
+            "--object-selector",
+            &selector,
+        ]
+        .map(String::from);
+        let mut replicas = Replicas {
+            args: common
+                .into_iter()
+                .chain(extra.iter().map(|s| s.to_string()))
+                .collect(),
+            envs: vec![
+                ("RUST_LOG".into(), "info".into()),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp_endpoint.into()),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/json".into()),
+                ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
+            ],
+            http: BTreeMap::new(),
+            logs: logs.to_path_buf(),
+            running: Vec::new(),
+        };
+        for i in 0..count {
+            let replica = replicas.spawn(&format!("{}-replica-{i}", env.id));
+            replicas.running.push(replica);
+        }
+        replicas
+    }
+
+    /// Every replica's /metrics text, by identity.
+    pub async fn scrape(&self) -> Result<BTreeMap<String, String>, String> {
+        let mut scraped = BTreeMap::new();
+        for (identity, addr) in &self.http {
+            let text = super::jaeger::http_get(&format!("http://{addr}/metrics"))
+                .await
+                .map_err(|e| format!("scraping {identity}: {e}"))?;
+            scraped.insert(identity.clone(), text);
+        }
+        Ok(scraped)
+    }
+
+    pub fn spawn(&mut self, identity: &str) -> Replica {
+        let http = self
+            .http
+            .entry(identity.to_string())
+            .or_insert_with(|| {
+                let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+                listener.local_addr().expect("an address").to_string()
+            })
+            .clone();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.join(format!("{identity}.log")))
+            .expect("a log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_nodewarden"))
+            .arg("run")
+            .args(&self.args)
+            .args(["--identity", identity, "--http-addr", &http])
+            .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting nodewarden run");
+        Replica {
+            identity: identity.to_string(),
+            child,
+        }
+    }
+
+    pub fn position(&self, identity: &str) -> usize {
+        self.running
+            .iter()
+            .position(|r| r.identity == identity)
+            .unwrap_or_else(|| panic!("{identity} is not one of the replicas"))
+    }
+
+    /// SIGKILL: no chance to release anything.
+    pub async fn kill(&mut self, identity: &str) {
+        let i = self.position(identity);
+        let _ = self.running[i].child.start_kill();
+        let _ = self.running[i].child.wait().await;
+    }
+
+    /// Starts a killed replica again under the same name (the kubelet
+    /// restarting the container of the same pod).
+    pub fn restart(&mut self, identity: &str) {
+        let i = self.position(identity);
+        self.running[i] = self.spawn(identity);
+    }
+
+    pub fn sigterm(&self, identity: &str) {
+        let pid = self.running[self.position(identity)]
+            .child
+            .id()
+            .expect("a running replica");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -TERM {pid}");
+    }
+
+    pub fn tail_logs(&self) -> String {
+        let mut out = String::new();
+        for r in &self.running {
+            let text =
+                std::fs::read_to_string(self.logs.join(format!("{}.log", r.identity))).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {} (last 15 lines)\n", r.identity));
+            for l in &lines[lines.len().saturating_sub(15)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+pub async fn holder(leases: &Api<Lease>, name: &str) -> Option<String> {
+    leases
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+/// How long until a replica other than `old` holds the lease.
+pub async fn wait_for_new_leader(
+    leases: &Api<Lease>,
+    name: &str,
+    old: &str,
+    since: Instant,
+) -> (String, Duration) {
+    loop {
+        if let Some(h) = holder(leases, name).await
+            && h != old
+        {
+            return (h, since.elapsed());
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "no new leader after {old} in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of `series` (its full name and labels) in a /metrics text.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l[series.len()..].split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
