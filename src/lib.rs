@@ -16,5 +16,6 @@ pub mod http;
 pub mod operator;
 pub mod runtime;
 pub mod simcloud;
+pub mod sip;
 pub mod telemetry;
 pub mod upgrade;

@@ -1,8 +1,10 @@
 //! Custom resource types. Types only: no IO happens here.
 
 pub mod conditions;
+pub mod metal3;
 pub mod node_maintenance;
 pub mod plan;
+pub mod sip;
 pub mod update;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -20,5 +22,6 @@ pub fn all_crds() -> Vec<CustomResourceDefinition> {
         update::AutoscalingStrategy::crd(),
         update::JoiningNode::crd(),
         plan::Plan::crd(),
+        sip::SIPCluster::crd(),
     ]
 }

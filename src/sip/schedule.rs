@@ -1,0 +1,378 @@
+//! Which BareMetalHosts a SIPCluster role keeps, promotes, releases and
+//! claims (pure).
+//!
+//! A role's hosts are the hosts labelled for it: the labels are the record,
+//! so a new leader sees exactly what the last one claimed. Spread: at most
+//! one of the role's hosts (active or standby) per value of its
+//! topologyKey.
+
+use std::collections::BTreeSet;
+
+/// Whether a claimed host serves or waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HostState {
+    /// In use by the cluster (load balancer backend).
+    Active,
+    /// Held to replace a failed active host.
+    Standby,
+}
+
+impl HostState {
+    /// The label value: `active` or `standby`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostState::Active => "active",
+            HostState::Standby => "standby",
+        }
+    }
+
+    /// From the label value; anything else counts as active (a host
+    /// upstream labelled, without our state label, is in use).
+    pub fn from_label(value: Option<&str>) -> HostState {
+        match value {
+            Some("standby") => HostState::Standby,
+            _ => HostState::Active,
+        }
+    }
+}
+
+/// One of the role's hosts now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The BareMetalHost's name.
+    pub name: String,
+    /// Active or standby, per its label.
+    pub state: HostState,
+    /// Its value of the topologyKey (None: it has no such label).
+    pub topology: Option<String>,
+    /// Why it can no longer serve (failed, going away, no longer selected).
+    pub unusable: Option<String>,
+}
+
+/// A free host the role could claim: usable, selected, claimed by no one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The BareMetalHost's name.
+    pub name: String,
+    /// Its value of the topologyKey.
+    pub topology: Option<String>,
+}
+
+/// What a role wants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoleWants {
+    /// `ControlPlane` or `Worker`.
+    pub role: String,
+    /// Active hosts.
+    pub active: usize,
+    /// Standby hosts.
+    pub standby: usize,
+    /// The topologyKey (None: no spread).
+    pub topology_key: Option<String>,
+}
+
+/// The changes for one role.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RolePlan {
+    /// Hosts to unlabel, and why.
+    pub release: Vec<(String, String)>,
+    /// Hosts of the role whose state changes (promotions, demotions).
+    pub restate: Vec<(String, HostState)>,
+    /// Free hosts to label for the role, in this state.
+    pub claim: Vec<(String, HostState)>,
+    /// Active hosts that failed, and the host that replaces each (None:
+    /// nothing to replace it with).
+    pub replaced: Vec<(String, Option<String>)>,
+    /// What is missing, when the role cannot be filled.
+    pub shortfall: Option<String>,
+    /// The role's hosts once the plan is done: (name, state).
+    pub result: Vec<(String, HostState)>,
+}
+
+/// The plan for one role. `members` are the role's hosts now; `free` the
+/// hosts it may claim (the caller removes those claimed by earlier roles).
+pub fn plan_role(wants: &RoleWants, members: &[Member], free: &[Candidate]) -> RolePlan {
+    let mut plan = RolePlan::default();
+    let spread = wants.topology_key.is_some();
+    let mut used: BTreeSet<String> = BTreeSet::new();
+    // Keep usable members, actives first, one per topology value.
+    let mut sorted: Vec<&Member> = members.iter().collect();
+    sorted.sort_by(|a, b| (a.state, &a.name).cmp(&(b.state, &b.name)));
+    let mut kept: Vec<(String, HostState)> = Vec::new();
+    let mut failed_actives = Vec::new();
+    for m in sorted {
+        let why = match (&m.unusable, &m.topology) {
+            (Some(why), _) => Some(why.clone()),
+            (None, None) if spread => Some("it has no topologyKey label".to_string()),
+            (None, Some(t)) if spread && used.contains(t) => {
+                Some(format!("another host of the role shares its topology value {t}"))
+            }
+            _ => None,
+        };
+        match why {
+            Some(why) => {
+                if m.state == HostState::Active && m.unusable.is_some() {
+                    failed_actives.push(m.name.clone());
+                }
+                plan.release.push((m.name.clone(), why));
+            }
+            None => {
+                if let Some(t) = &m.topology {
+                    used.insert(t.clone());
+                }
+                kept.push((m.name.clone(), m.state));
+            }
+        }
+    }
+    let count = |kept: &[(String, HostState)], s: HostState| kept.iter().filter(|(_, x)| *x == s).count();
+    let original_standbys: BTreeSet<String> = kept
+        .iter()
+        .filter(|(_, s)| *s == HostState::Standby)
+        .map(|(n, _)| n.clone())
+        .collect();
+    // Too many actives: the extras become standbys (released below if
+    // those are too many too).
+    let mut extra = count(&kept, HostState::Active).saturating_sub(wants.active);
+    for (name, state) in kept.iter_mut().rev() {
+        if extra == 0 {
+            break;
+        }
+        if *state == HostState::Active {
+            *state = HostState::Standby;
+            plan.restate.push((name.clone(), HostState::Standby));
+            extra -= 1;
+        }
+    }
+    // Too few actives: promote standbys.
+    let mut missing = wants.active.saturating_sub(count(&kept, HostState::Active));
+    for (name, state) in kept.iter_mut() {
+        if missing == 0 {
+            break;
+        }
+        if *state == HostState::Standby {
+            *state = HostState::Active;
+            plan.restate.push((name.clone(), HostState::Active));
+            missing -= 1;
+        }
+    }
+    // Too many standbys: release those that were standbys all along first.
+    let mut surplus = count(&kept, HostState::Standby).saturating_sub(wants.standby);
+    let mut order: Vec<usize> = (0..kept.len())
+        .filter(|i| kept[*i].1 == HostState::Standby)
+        .collect();
+    order.sort_by_key(|i| {
+        (
+            !original_standbys.contains(&kept[*i].0),
+            std::cmp::Reverse(kept[*i].0.clone()),
+        )
+    });
+    let mut dropped = BTreeSet::new();
+    for i in order {
+        if surplus == 0 {
+            break;
+        }
+        dropped.insert(i);
+        plan.release
+            .push((kept[i].0.clone(), "more standby hosts than wanted".into()));
+        surplus -= 1;
+    }
+    let released: BTreeSet<&String> = plan.release.iter().map(|(n, _)| n).collect();
+    plan.restate.retain(|(n, _)| !released.contains(n));
+    let mut kept: Vec<(String, HostState)> = kept
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !dropped.contains(i))
+        .map(|(_, k)| k)
+        .collect();
+    // Claim free hosts: actives first, then standbys, one per topology value.
+    let mut need_active = wants.active.saturating_sub(count(&kept, HostState::Active));
+    let mut need_standby = wants.standby.saturating_sub(count(&kept, HostState::Standby));
+    let mut free: Vec<&Candidate> = free.iter().collect();
+    free.sort_by(|a, b| a.name.cmp(&b.name));
+    for c in free {
+        if need_active + need_standby == 0 {
+            break;
+        }
+        if spread {
+            let Some(t) = &c.topology else { continue };
+            if !used.insert(t.clone()) {
+                continue;
+            }
+        }
+        let state = if need_active > 0 {
+            need_active -= 1;
+            HostState::Active
+        } else {
+            need_standby -= 1;
+            HostState::Standby
+        };
+        plan.claim.push((c.name.clone(), state));
+        kept.push((c.name.clone(), state));
+    }
+    // Pair each failed active with the host that now serves in its place.
+    let mut newly_active = plan
+        .restate
+        .iter()
+        .filter(|(_, s)| *s == HostState::Active)
+        .chain(plan.claim.iter().filter(|(_, s)| *s == HostState::Active))
+        .map(|(n, _)| n.clone());
+    plan.replaced = failed_actives
+        .into_iter()
+        .map(|old| (old, newly_active.next()))
+        .collect();
+    if need_active + need_standby > 0 {
+        let wanted = wants.active + wants.standby;
+        let have = count(&kept, HostState::Active) + count(&kept, HostState::Standby);
+        let per = match &wants.topology_key {
+            Some(k) => format!(" (one per {k} value)"),
+            None => String::new(),
+        };
+        plan.shortfall = Some(format!(
+            "{}: {wanted} wanted ({} active + {} standby), {have} available{per}",
+            wants.role, wants.active, wants.standby
+        ));
+    }
+    kept.sort();
+    plan.result = kept;
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use HostState::{Active, Standby};
+
+    fn wants(active: usize, standby: usize) -> RoleWants {
+        RoleWants {
+            role: "Worker".into(),
+            active,
+            standby,
+            topology_key: Some("rack".into()),
+        }
+    }
+
+    fn member(name: &str, state: HostState, rack: &str) -> Member {
+        Member {
+            name: name.into(),
+            state,
+            topology: Some(rack.into()),
+            unusable: None,
+        }
+    }
+
+    fn free(name: &str, rack: &str) -> Candidate {
+        Candidate {
+            name: name.into(),
+            topology: Some(rack.into()),
+        }
+    }
+
+    fn names(v: &[(String, HostState)]) -> Vec<(&str, HostState)> {
+        v.iter().map(|(n, s)| (n.as_str(), *s)).collect()
+    }
+
+    #[test]
+    fn a_new_role_claims_one_host_per_rack_actives_first() {
+        let pool = [
+            free("a1", "r1"),
+            free("a2", "r1"),
+            free("b1", "r2"),
+            free("c1", "r3"),
+        ];
+        let p = plan_role(&wants(2, 1), &[], &pool);
+        assert_eq!(names(&p.claim), [("a1", Active), ("b1", Active), ("c1", Standby)]);
+        assert_eq!(p.shortfall, None);
+    }
+
+    #[test]
+    fn too_few_racks_is_a_shortfall_naming_the_counts() {
+        let pool = [free("a1", "r1"), free("a2", "r1"), free("b1", "r2")];
+        let p = plan_role(&wants(4, 1), &[], &pool);
+        assert_eq!(
+            p.shortfall.as_deref(),
+            Some("Worker: 5 wanted (4 active + 1 standby), 2 available (one per rack value)")
+        );
+    }
+
+    #[test]
+    fn hosts_without_the_topology_label_are_not_candidates() {
+        let pool = [Candidate {
+            name: "x".into(),
+            topology: None,
+        }];
+        assert!(plan_role(&wants(1, 0), &[], &pool).claim.is_empty());
+        let mut no_spread = wants(1, 0);
+        no_spread.topology_key = None;
+        assert_eq!(plan_role(&no_spread, &[], &pool).claim.len(), 1);
+    }
+
+    #[test]
+    fn a_failed_active_is_replaced_by_the_standby_and_a_new_standby_claimed() {
+        let mut failed = member("a1", Active, "r1");
+        failed.unusable = Some("operational status \"error\"".into());
+        let members = [failed, member("b1", Active, "r2"), member("c1", Standby, "r3")];
+        let p = plan_role(&wants(2, 1), &members, &[free("a2", "r1"), free("d1", "r4")]);
+        assert_eq!(p.release[0].0, "a1");
+        assert_eq!(names(&p.restate), [("c1", Active)]);
+        // The failed host's rack is free again.
+        assert_eq!(names(&p.claim), [("a2", Standby)]);
+        assert_eq!(p.replaced, [("a1".to_string(), Some("c1".to_string()))]);
+        assert_eq!(
+            names(&p.result),
+            [("a2", Standby), ("b1", Active), ("c1", Active)]
+        );
+    }
+
+    #[test]
+    fn a_failed_active_without_standby_is_replaced_by_a_free_host() {
+        let mut failed = member("a1", Active, "r1");
+        failed.unusable = Some("deleted".into());
+        let p = plan_role(&wants(1, 0), &[failed], &[free("b1", "r2")]);
+        assert_eq!(names(&p.claim), [("b1", Active)]);
+        assert_eq!(p.replaced, [("a1".to_string(), Some("b1".to_string()))]);
+    }
+
+    #[test]
+    fn shrinking_releases_standbys_first() {
+        let members = [
+            member("a", Active, "r1"),
+            member("b", Active, "r2"),
+            member("c", Active, "r3"),
+            member("s", Standby, "r4"),
+        ];
+        // 3+1 -> 2+1: an active becomes the standby, the old standby goes.
+        let p = plan_role(&wants(2, 1), &members, &[]);
+        assert_eq!(names(&p.restate), [("c", Standby)]);
+        assert_eq!(
+            p.release,
+            [("s".to_string(), "more standby hosts than wanted".to_string())]
+        );
+        assert_eq!(names(&p.result), [("a", Active), ("b", Active), ("c", Standby)]);
+        // 3+1 -> 3+0: the standby goes.
+        let p = plan_role(&wants(3, 0), &members, &[]);
+        assert_eq!(p.release.len(), 1);
+        assert_eq!(p.release[0].0, "s");
+        assert!(p.restate.is_empty());
+    }
+
+    #[test]
+    fn two_members_on_one_rack_keep_the_active() {
+        let members = [member("s", Standby, "r1"), member("a", Active, "r1")];
+        let p = plan_role(&wants(1, 1), &members, &[]);
+        assert_eq!(p.release[0].0, "s");
+        assert!(p.shortfall.is_some(), "the standby is missing now");
+    }
+
+    #[test]
+    fn a_satisfied_role_changes_nothing() {
+        let members = [member("a", Active, "r1"), member("s", Standby, "r2")];
+        let p = plan_role(&wants(1, 1), &members, &[free("x", "r3")]);
+        assert_eq!(
+            p,
+            RolePlan {
+                result: vec![("a".into(), Active), ("s".into(), Standby)],
+                ..Default::default()
+            }
+        );
+    }
+}
