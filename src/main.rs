@@ -82,6 +82,10 @@ struct RunArgs {
     /// Create ScalingGroups following this NodeVersion for cloud groups without one.
     #[arg(long)]
     discover_scaling_groups: Option<String>,
+    /// Serve SIPClusters over metal3 BareMetalHosts: auto (when metal3's API
+    /// is installed), on or off.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    sip: String,
     /// Watch upgrade Plans in this namespace only (default: all namespaces).
     #[arg(long, env = "NODEWARDEN_PLAN_NAMESPACE")]
     plan_namespace: Option<String>,
@@ -157,6 +161,11 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             None => None,
         },
         discover_scaling_groups: args.discover_scaling_groups,
+        bare_metal: match args.sip.as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
         plans: PlanConfig {
             namespace: args.plan_namespace,
             channel_poll: seconds(args.plan_channel_poll, "plan-channel-poll")?,

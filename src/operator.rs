@@ -41,6 +41,9 @@ pub struct OperatorConfig {
     /// Create ScalingGroups (following this NodeVersion) for cloud groups that
     /// have none, while leading.
     pub discover_scaling_groups: Option<String>,
+    /// Run the SIPCluster controller (it needs metal3's BareMetalHost API);
+    /// None: run it when that API is installed.
+    pub bare_metal: Option<bool>,
 }
 
 /// Why the operator could not start.
@@ -73,6 +76,7 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
     app.objects = Source::labelled(config.object_selector.clone());
     app.maintenance = config.maintenance.clone();
     app.plans = config.plans.clone();
+    app.bare_metal = config.bare_metal.unwrap_or(false);
     app.cloud = config
         .cloud
         .clone()
@@ -92,6 +96,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), OperatorError> {
     let metrics = Metrics::new();
+    let mut config = config;
+    if config.bare_metal.is_none() {
+        config.bare_metal = Some(bare_metal_api_installed(&client).await);
+    }
     let manager = manager(client, &config, &metrics)?;
     let identity = manager.leader().identity().to_owned();
     let state = HttpState {
@@ -112,4 +120,17 @@ pub async fn run(
     let _ = http_task.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Whether metal3's BareMetalHost API answers (the SIPCluster controller
+/// needs it). Checked once at start: installing it later takes a restart.
+pub async fn bare_metal_api_installed(client: &Client) -> bool {
+    let api: kube::Api<crate::api::metal3::BareMetalHost> = kube::Api::all(client.clone());
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::info!(error = %e, "metal3's BareMetalHost API does not answer: the SIPCluster controller is off (restart nodewarden once it is installed)");
+            false
+        }
+    }
 }

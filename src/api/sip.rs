@@ -77,7 +77,7 @@ pub struct SIPClusterSpec {
     /// The hosts to schedule, by role (`ControlPlane`, `Worker`).
     #[serde(default)]
     #[x_kube(validation = kube::core::Rule::new("self.all(role, role in ['ControlPlane', 'Worker'])").message("spec.nodes: the roles are ControlPlane and Worker"))]
-    #[schemars(extend("maxProperties" = 2))]
+    #[schemars(extend("maxProperties" = 8))]
     pub nodes: BTreeMap<String, NodeSet>,
     /// The support services deployed for the cluster.
     pub services: SIPClusterServices,

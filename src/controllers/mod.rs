@@ -11,6 +11,7 @@ pub mod plan;
 pub mod replacement_trace;
 pub mod rollout;
 pub mod scaling_group;
+pub mod sip_cluster;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,6 +51,8 @@ pub struct App {
     pub maintenance: node_maintenance::MaintenanceConfig,
     /// Plan settings.
     pub plans: plan::PlanConfig,
+    /// metal3's BareMetalHost API is there: SIPClusters are served.
+    pub bare_metal: bool,
 }
 
 impl App {
@@ -70,6 +73,7 @@ impl App {
             cloud: None,
             maintenance: Default::default(),
             plans: Default::default(),
+            bare_metal: false,
         }
     }
 
@@ -111,6 +115,9 @@ pub fn register_all(manager: &mut Manager, app: &App) {
     manager.transform::<Node>(crate::runtime::reflector::strip_node);
     node_maintenance::register(manager, app);
     plan::register(manager, app);
+    if app.bare_metal {
+        sip_cluster::register(manager, app);
+    }
     if app.cloud.is_some() {
         node_version::register(manager, app);
         pending_node::register(manager, app);

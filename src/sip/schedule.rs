@@ -237,6 +237,61 @@ pub fn plan_role(wants: &RoleWants, members: &[Member], free: &[Candidate]) -> R
     plan
 }
 
+/// One role as the cluster shows it: what it wants, its hosts, the free
+/// hosts it could claim.
+#[derive(Clone, Debug)]
+pub struct RoleView {
+    /// What the role wants.
+    pub wants: RoleWants,
+    /// Its hosts now.
+    pub members: Vec<Member>,
+    /// Free hosts it could claim (a host may be a candidate of both roles).
+    pub free: Vec<Candidate>,
+}
+
+/// The plan of every role, and whether claims were held back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterPlan {
+    /// Per role, in the order given.
+    pub roles: Vec<RolePlan>,
+    /// A cluster with no host yet that cannot be filled claims nothing
+    /// (upstream's all-or-nothing), so two clusters never each hold half
+    /// of a pool that fits one.
+    pub held_back: bool,
+}
+
+/// Plans every role in turn; a host one role claims is not free for the
+/// next.
+pub fn plan_cluster(roles: &[RoleView]) -> ClusterPlan {
+    let mut taken: BTreeSet<String> = BTreeSet::new();
+    let mut plans = Vec::new();
+    for r in roles {
+        let free: Vec<Candidate> = r
+            .free
+            .iter()
+            .filter(|c| !taken.contains(&c.name))
+            .cloned()
+            .collect();
+        let plan = plan_role(&r.wants, &r.members, &free);
+        taken.extend(plan.claim.iter().map(|(n, _)| n.clone()));
+        plans.push(plan);
+    }
+    let new_cluster = roles.iter().all(|r| r.members.is_empty());
+    let short = plans.iter().any(|p| p.shortfall.is_some());
+    let held_back = new_cluster && short && plans.iter().any(|p| !p.claim.is_empty());
+    if new_cluster && short {
+        for p in &mut plans {
+            p.claim.clear();
+            p.replaced.clear();
+            p.result.clear();
+        }
+    }
+    ClusterPlan {
+        roles: plans,
+        held_back,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,6 +416,29 @@ mod tests {
         let p = plan_role(&wants(1, 1), &members, &[]);
         assert_eq!(p.release[0].0, "s");
         assert!(p.shortfall.is_some(), "the standby is missing now");
+    }
+
+    #[test]
+    fn roles_share_no_host_and_a_new_cluster_that_cannot_be_filled_claims_nothing() {
+        let pool = vec![free("a", "r1"), free("b", "r2"), free("c", "r3")];
+        let role = |role: &str, active| RoleView {
+            wants: RoleWants {
+                role: role.into(),
+                active,
+                standby: 0,
+                topology_key: Some("rack".into()),
+            },
+            members: Vec::new(),
+            free: pool.clone(),
+        };
+        let p = plan_cluster(&[role("ControlPlane", 1), role("Worker", 2)]);
+        assert_eq!(names(&p.roles[0].claim), [("a", Active)]);
+        assert_eq!(names(&p.roles[1].claim), [("b", Active), ("c", Active)]);
+        assert!(!p.held_back);
+        let p = plan_cluster(&[role("ControlPlane", 1), role("Worker", 3)]);
+        assert!(p.held_back);
+        assert!(p.roles.iter().all(|r| r.claim.is_empty()), "all or nothing");
+        assert!(p.roles[1].shortfall.is_some());
     }
 
     #[test]

@@ -196,6 +196,30 @@ impl PlanFailure {
     }
 }
 
+/// Label set of `sip_hosts`: the SIPCluster, a role and a state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SipHostLabels {
+    /// The SIPCluster's namespace (not `namespace`: scrapes add that label for the pod's).
+    pub cluster_namespace: String,
+    /// The SIPCluster's name.
+    pub cluster: String,
+    /// `ControlPlane` or `Worker`.
+    pub role: String,
+    /// `active`, `standby`, or `wanted` (active + standby asked for).
+    pub state: String,
+}
+
+/// Label set of `sip_host_replacements`: the SIPCluster and the role.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SipRoleLabels {
+    /// The SIPCluster's namespace.
+    pub cluster_namespace: String,
+    /// The SIPCluster's name.
+    pub cluster: String,
+    /// `ControlPlane` or `Worker`.
+    pub role: String,
+}
+
 /// Label set of `plan_nodes`: the Plan and a state.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PlanNodeLabels {
@@ -456,6 +480,10 @@ pub struct Metrics {
     pub plan_job_duration: HistogramFamily<JobResultLabels>,
     /// Nodes that stopped a Plan, by Plan and reason.
     pub plan_failures: Family<PlanFailureLabels, Counter>,
+    /// Hosts of each SIPCluster by role and state (set by the leader).
+    pub sip_hosts: Family<SipHostLabels, Gauge>,
+    /// Failed active hosts replaced, by SIPCluster and role.
+    pub sip_host_replacements: Family<SipRoleLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -476,6 +504,7 @@ impl Metrics {
         metrics.register_drain(&mut registry);
         metrics.register_cloud(&mut registry);
         metrics.register_plan(&mut registry);
+        metrics.register_sip(&mut registry);
         Metrics {
             registry: Arc::new(registry),
             ..metrics
@@ -504,6 +533,8 @@ impl Metrics {
             plan_nodes: Family::default(),
             plan_job_duration: Family::new_with_constructor(job_histogram),
             plan_failures: Family::default(),
+            sip_hosts: Family::default(),
+            sip_host_replacements: Family::default(),
         }
     }
 
@@ -607,6 +638,49 @@ impl Metrics {
         );
     }
 
+    /// SIPCluster hosts.
+    fn register_sip(&self, registry: &mut Registry) {
+        registry.register(
+            "sip_hosts",
+            "Hosts of each SIPCluster by role and state: active, standby, wanted (leader only)",
+            self.sip_hosts.clone(),
+        );
+        registry.register(
+            "sip_host_replacements",
+            "Failed active hosts of a SIPCluster replaced (by a standby or a free host)",
+            self.sip_host_replacements.clone(),
+        );
+    }
+
+    /// Sets a SIPCluster's host counts of one role.
+    pub fn set_sip_hosts(&self, namespace: &str, cluster: &str, role: &str, counts: [(&str, usize); 3]) {
+        for (state, n) in counts {
+            let labels = SipHostLabels {
+                cluster_namespace: namespace.into(),
+                cluster: cluster.into(),
+                role: role.into(),
+                state: state.into(),
+            };
+            self.sip_hosts
+                .get_or_create(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A deleted SIPCluster: its series go.
+    pub fn forget_sip(&self, namespace: &str, cluster: &str) {
+        for role in crate::api::sip::ROLES {
+            for state in ["active", "standby", "wanted"] {
+                self.sip_hosts.remove(&SipHostLabels {
+                    cluster_namespace: namespace.into(),
+                    cluster: cluster.into(),
+                    role: role.into(),
+                    state: state.into(),
+                });
+            }
+        }
+    }
+
     /// Sets a Plan's node counts (every state, zeros included).
     pub fn set_plan_nodes(&self, namespace: &str, plan: &str, counts: impl Fn(PlanNodeState) -> usize) {
         for state in PlanNodeState::ALL {
@@ -639,6 +713,7 @@ impl Metrics {
         self.rollout_progress.clear();
         self.rollout_last_progress.clear();
         self.plan_nodes.clear();
+        self.sip_hosts.clear();
         self.drains_running.set(0);
         self.drains_blocked.set(0);
     }

@@ -206,4 +206,6 @@ pub async fn install_crds(client: &Client) {
         )
         .await;
     }
+    // SIPClusters need metal3's BareMetalHost API; every test operator serves them.
+    super::metal3::install_metal3_crd(client).await;
 }

@@ -96,8 +96,9 @@ pub async fn apply(client: &Client, obj: &DynamicObject, dry_run: bool) -> Resul
         }
     };
     // force: the CRDs are already applied by the test harness under another
-    // field manager; a dry run changes nothing either way.
-    let mut params = PatchParams::apply(FIELD_MANAGER).force();
+    // field manager; a dry run changes nothing either way. Strict: an unknown
+    // or misspelt field fails the apply.
+    let mut params = PatchParams::apply(FIELD_MANAGER).force().validation_strict();
     if dry_run {
         params = params.dry_run();
     }

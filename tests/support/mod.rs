@@ -11,12 +11,13 @@
 //! CRDs), `env` (one test's namespace, run id, Nodes and Deployments, cleanup),
 //! `wait` (probes polled until done), `proxy` (a TCP proxy that cuts and stalls
 //! connections to the API server), `operator` (the operator under test, run
-//! in-process); `manifests`, `jaeger`, `sim`, `rollout`, `plans` and `replicas` (nodewarden
+//! in-process); `manifests`, `jaeger`, `sim`, `rollout`, `plans`, `metal3` (metal3's genuine BareMetalHost CRD) and `replicas` (nodewarden
 //! run as processes, like the pods of its Deployment) for the tests that need them. Tests use the names re-exported here.
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
 pub mod jaeger;
 pub mod manifests;
+pub mod metal3;
 pub mod plans;
 pub mod replicas;
 pub mod rollout;
@@ -38,7 +39,7 @@ pub use operator::RunningOperator;
 #[allow(unused_imports)]
 pub use proxy::TcpProxy;
 #[allow(unused_imports)]
-pub use wait::{Probe, seen, wait_for};
+pub use wait::{Probe, seen, wait_for, wait_for_condition};
 
 #[allow(unused_imports)] // Not every test binary checks node readiness.
 pub use nodewarden::controllers::node_is_ready;

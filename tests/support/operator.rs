@@ -70,6 +70,8 @@ impl TestEnv {
             workers: 8,
             cloud,
             discover_scaling_groups: None,
+            // Every test's operator serves SIPClusters: install_crds installs metal3's API.
+            bare_metal: Some(true),
             plans: nodewarden::controllers::plan::PlanConfig {
                 channel_poll: Duration::from_secs(2),
                 recheck: Duration::from_secs(2),

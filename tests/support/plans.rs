@@ -91,23 +91,12 @@ pub async fn wait_upgraded(
 
 /// Waits for the Plan's condition `type_` to have `status` and returns its message.
 pub async fn wait_condition(env: &TestEnv, plan: &str, type_: &str, status: &str, reason: &str) -> String {
-    wait_for(&format!("{plan} {type_}={status} {reason}"), TIMEOUT, || async {
-        match plans(env, &env.namespace).get(plan).await {
-            Ok(p) => {
-                let c = p
-                    .status
-                    .iter()
-                    .flat_map(|s| s.conditions.iter())
-                    .find(|c| c.type_ == type_)
-                    .cloned();
-                match c {
-                    Some(c) if c.status == status && c.reason == reason => Probe::Done(c.message),
-                    other => Probe::NotYet(format!("{other:?}")),
-                }
-            }
-            Err(e) => Probe::NotYet(seen(e)),
-        }
-    })
+    super::wait::wait_for_condition(
+        &plans(env, &env.namespace),
+        plan,
+        (type_, status, reason),
+        TIMEOUT,
+    )
     .await
 }
 

@@ -37,3 +37,33 @@ where
 pub fn seen<E: Debug>(err: E) -> String {
     format!("error: {err:?}")
 }
+
+/// Waits until the object `name` has a condition `type_` with `status` and
+/// `reason` in `.status.conditions`; returns its message.
+pub async fn wait_for_condition<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    (type_, status, reason): (&str, &str, &str),
+    timeout: Duration,
+) -> String
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + Debug,
+{
+    wait_for(&format!("{name} {type_}={status} {reason}"), timeout, || async {
+        let object = match api.get(name).await {
+            Ok(o) => serde_json::to_value(o).unwrap_or_default(),
+            Err(e) => return Probe::NotYet(seen(e)),
+        };
+        let conditions = object["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        match conditions.iter().find(|c| c["type"] == type_) {
+            Some(c) if c["status"] == status && c["reason"] == reason => {
+                Probe::Done(c["message"].as_str().unwrap_or_default().to_string())
+            }
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await
+}

@@ -1,0 +1,825 @@
+//! SIPCluster controller: chooses each role's BareMetalHosts, keeps that
+//! set healthy as hosts fail, and runs the cluster's support services.
+//!
+//! gather (the hosts labelled for the cluster and the free ones, from the
+//! shared cache) → plan (`sip::schedule`, pure) → steps (label writes,
+//! each conditioned on the host's resourceVersion, so two clusters or two
+//! leaders never claim one host) → services (server-side apply, owned by
+//! the SIPCluster) → status. The labels are the record: nothing about which
+//! host belongs where lives only in memory or in the status.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::App;
+use super::replacement_trace::TRACE_FLUSH_TIMEOUT;
+use crate::api::conditions::set_condition;
+use crate::api::metal3::BareMetalHost;
+use crate::api::sip::{ChosenHost, ROLES, SIPCluster, SIPClusterStatus, ServiceEndpoint, labels};
+use crate::drain::pods::selector_matches;
+use crate::error::{Error, Result};
+use crate::runtime::controller::{Action, Reconciler};
+use crate::runtime::leader::LeaderHandle;
+use crate::runtime::manager::{Manager, always};
+use crate::runtime::store::{Key, ObjectKey, Store};
+use crate::sip::hosts;
+use crate::sip::schedule::{self, Candidate, ClusterPlan, HostState, Member, RoleView, RoleWants};
+use crate::sip::services::{self, Backend, BmcHost, Owner, ServiceObjects};
+use crate::telemetry::metrics::{Metrics, SipRoleLabels};
+use crate::telemetry::trace::{self, SpanRecord, TraceParent};
+
+/// Upstream's finalizer, so SIPClusters written for upstream keep working.
+pub const FINALIZER: &str = "sip.airship.airshipit.org/finalizer";
+
+/// How often a SIPCluster is looked at again without a change (services
+/// drift, a missing Secret created).
+const RECHECK: Duration = Duration::from_secs(30);
+
+/// How soon a SIPCluster that is not Ready is looked at again.
+const NOT_READY_RECHECK: Duration = Duration::from_secs(5);
+
+/// The field manager of the service objects.
+const MANAGER: &str = "nodewarden-sip";
+
+/// Registers the SIPCluster controller. BareMetalHosts are watched:
+/// a claimed host's change wakes its cluster, a free host's every cluster.
+pub fn register(manager: &mut Manager, app: &App) {
+    let mut c = manager.controller::<SIPCluster>("sipcluster", &app.objects);
+    let clusters = c.store();
+    let all = clusters.clone();
+    c.watches(
+        &app.objects,
+        always(),
+        move |h: &BareMetalHost| match claimed_by(h) {
+            Some(key) => vec![key],
+            None => all.keys(),
+        },
+    );
+    let hosts = c.reads::<BareMetalHost>(&app.objects);
+    c.on_failure(app.report_failures());
+    c.register(SipReconciler {
+        ctx: Arc::new(SipContext {
+            client: app.client.clone(),
+            leader: app.leader.clone(),
+            recorder: app.recorder.clone(),
+            metrics: app.metrics.clone(),
+            hosts,
+            claiming: tokio::sync::Mutex::new(()),
+        }),
+    });
+}
+
+/// The SIPCluster a host is labelled for.
+fn claimed_by(host: &BareMetalHost) -> Option<Key<SIPCluster>> {
+    let l = host.metadata.labels.as_ref()?;
+    Some(Key::new(
+        Some(l.get(labels::CLUSTER_NAMESPACE)?),
+        l.get(labels::CLUSTER_NAME)?,
+    ))
+}
+
+/// A host's id in plans and status: `namespace/name` (hosts may live in
+/// several namespaces).
+fn host_id(host: &BareMetalHost) -> String {
+    format!("{}/{}", host.namespace().unwrap_or_default(), host.name_any())
+}
+
+/// The name part of a host id (what services call the host).
+fn short_name(id: &str) -> &str {
+    id.rsplit_once('/').map_or(id, |(_, n)| n)
+}
+
+fn is_free(host: &BareMetalHost) -> bool {
+    host.labels().get(labels::CLUSTER_NAME).is_none()
+}
+
+struct SipContext {
+    client: Client,
+    leader: LeaderHandle,
+    recorder: Recorder,
+    metrics: Metrics,
+    hosts: Store<BareMetalHost>,
+    /// One cluster claims at a time in this replica (upstream's serial
+    /// processing); the resourceVersion preconditions guard across replicas.
+    claiming: tokio::sync::Mutex<()>,
+}
+
+struct SipReconciler {
+    ctx: Arc<SipContext>,
+}
+
+impl Reconciler for SipReconciler {
+    type Object = SIPCluster;
+    type Error = Error;
+
+    async fn reconcile(&self, key: &Key<SIPCluster>, sip: Option<Arc<SIPCluster>>) -> Result<Action> {
+        let Some(sip) = sip else {
+            let k = key.untyped();
+            self.ctx
+                .metrics
+                .forget_sip(k.namespace.as_deref().unwrap_or_default(), &k.name);
+            return Ok(Action::Done);
+        };
+        if sip.metadata.deletion_timestamp.is_some() {
+            self.finalize(&sip).await?;
+            return Ok(Action::Done);
+        }
+        if !sip.finalizers().iter().any(|f| f == FINALIZER) {
+            return self.add_finalizer(&sip).await.map(|_| Action::Done);
+        }
+        let started = SystemTime::now();
+        let plan = {
+            let _one_at_a_time = self.ctx.claiming.lock().await;
+            let plan = schedule::plan_cluster(&self.gather(&sip));
+            self.apply_hosts(&sip, &plan).await?;
+            plan
+        };
+        let members = result_hosts(&plan);
+        let details = self.host_details(&sip, &members).await;
+        let services = self.apply_services(&sip, &members, &details).await;
+        let topology = self.topologies(&sip, &members);
+        let status = status_for(&sip, &plan, &members, &details, &topology, &services);
+        let ready = crate::api::conditions::is_true(&status.conditions, "Ready");
+        self.write_status(&sip, status).await?;
+        self.after(&sip, &plan, started).await;
+        // Not ready: a missing Secret or host may appear without an event here.
+        Ok(Action::RequeueAfter(if ready {
+            RECHECK
+        } else {
+            NOT_READY_RECHECK
+        }))
+    }
+}
+
+/// Every host the plan leaves the cluster with: (name, role, state).
+fn result_hosts(plan: &ClusterPlan) -> Vec<(String, String, HostState)> {
+    plan.roles
+        .iter()
+        .zip(ROLES)
+        .flat_map(|(p, role)| {
+            p.result
+                .iter()
+                .map(move |(n, s)| (n.clone(), role.to_string(), *s))
+        })
+        .collect()
+}
+
+/// What the services need of a host: its addresses and its BMC.
+#[derive(Clone, Debug, Default)]
+struct HostDetails {
+    /// Network id → address.
+    addresses: BTreeMap<String, String>,
+    /// BMC management address, user, password.
+    bmc: Option<(String, String, String)>,
+    /// Why a record could not be read.
+    problems: Vec<String>,
+}
+
+impl SipReconciler {
+    /// Each role's wants, hosts and free candidates, from the cache.
+    fn gather(&self, sip: &SIPCluster) -> Vec<RoleView> {
+        let ns = sip.namespace().unwrap_or_default();
+        let name = sip.name_any();
+        let hosts = self.ctx.hosts.list();
+        let mine = |h: &BareMetalHost| {
+            h.labels().get(labels::CLUSTER_NAMESPACE) == Some(&ns)
+                && h.labels().get(labels::CLUSTER_NAME) == Some(&name)
+        };
+        ROLES
+            .iter()
+            .map(|role| {
+                let set = sip.spec.nodes.get(*role);
+                let key = set.and_then(|s| s.topology_key.clone());
+                let count = set.and_then(|s| s.count).unwrap_or_default();
+                let selected = |h: &BareMetalHost| {
+                    let empty = BTreeMap::new();
+                    let l = h.metadata.labels.as_ref().unwrap_or(&empty);
+                    set.is_some_and(|s| {
+                        s.label_selector
+                            .as_ref()
+                            .is_none_or(|sel| selector_matches(sel, l))
+                    })
+                };
+                let topology = |h: &BareMetalHost| key.as_ref().and_then(|k| h.labels().get(k).cloned());
+                let members = hosts
+                    .iter()
+                    .filter(|h| {
+                        mine(h) && h.labels().get(labels::NODE_TYPE).map(String::as_str) == Some(*role)
+                    })
+                    .map(|h| Member {
+                        name: host_id(h),
+                        state: HostState::from_label(h.labels().get(labels::STATE).map(String::as_str)),
+                        topology: topology(h),
+                        unusable: h
+                            .unusable()
+                            .or_else(|| (!selected(h)).then(|| format!("no longer selected for {role}"))),
+                    })
+                    .collect();
+                let free = hosts
+                    .iter()
+                    .filter(|h| is_free(h) && h.unusable().is_none() && selected(h))
+                    .map(|h| Candidate {
+                        name: host_id(h),
+                        topology: topology(h),
+                    })
+                    .collect();
+                RoleView {
+                    wants: RoleWants {
+                        role: role.to_string(),
+                        active: usize::try_from(count.active).unwrap_or(0),
+                        standby: usize::try_from(count.standby).unwrap_or(0),
+                        topology_key: key,
+                    },
+                    members,
+                    free,
+                }
+            })
+            .collect()
+    }
+
+    /// Each host's value of its role's topologyKey.
+    fn topologies(
+        &self,
+        sip: &SIPCluster,
+        members: &[(String, String, HostState)],
+    ) -> BTreeMap<String, String> {
+        members
+            .iter()
+            .filter_map(|(id, role, _)| {
+                let key = sip.spec.nodes.get(role)?.topology_key.as_ref()?;
+                let value = self.host(id)?.labels().get(key)?.clone();
+                Some((id.clone(), value))
+            })
+            .collect()
+    }
+
+    /// Releases, restates and claims, each a label patch conditioned on the
+    /// host's resourceVersion. A claim that loses a race undoes this
+    /// round's claims and the round is retried on fresh state.
+    async fn apply_hosts(&self, sip: &SIPCluster, plan: &ClusterPlan) -> Result<()> {
+        let ns = sip.namespace().unwrap_or_default();
+        let name = sip.name_any();
+        for (p, role) in plan.roles.iter().zip(ROLES) {
+            for (host, why) in &p.release {
+                self.patch_host(host, release_labels()).await?;
+                self.event(
+                    sip,
+                    EventType::Normal,
+                    "Released",
+                    format!("{role} host {host} released: {why}"),
+                );
+            }
+            for (host, state) in &p.restate {
+                self.patch_host(host, json!({ labels::STATE: state.as_str() }))
+                    .await?;
+            }
+        }
+        let mut claimed: Vec<String> = Vec::new();
+        for (p, role) in plan.roles.iter().zip(ROLES) {
+            for (host, state) in &p.claim {
+                let patch = json!({
+                    labels::CLUSTER_NAMESPACE: ns,
+                    labels::CLUSTER_NAME: name,
+                    labels::NODE_TYPE: role,
+                    labels::STATE: state.as_str(),
+                });
+                match self.patch_host(host, patch).await {
+                    Ok(()) => claimed.push(host.clone()),
+                    Err(e) => {
+                        // Someone changed the host first (another cluster's
+                        // claim): give back what this round took.
+                        for taken in &claimed {
+                            let _ = self.patch_host_unconditionally(taken, release_labels()).await;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            if !p.claim.is_empty() {
+                let names: Vec<&str> = p.claim.iter().map(|(n, _)| n.as_str()).collect();
+                self.event(
+                    sip,
+                    EventType::Normal,
+                    "Claimed",
+                    format!("{role} hosts claimed: {}", names.join(", ")),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn host(&self, id: &str) -> Option<Arc<BareMetalHost>> {
+        let (ns, name) = id.split_once('/')?;
+        self.ctx.hosts.get(&ObjectKey::new(Some(ns), name))
+    }
+
+    /// Patches a host's labels on the resourceVersion the cache holds.
+    async fn patch_host(&self, host: &str, labels: serde_json::Value) -> Result<()> {
+        let Some(current) = self.host(host) else {
+            return Err(Error::NotFound {
+                kind: "BareMetalHost",
+                name: host.to_string(),
+            });
+        };
+        self.ctx.leader.ensure_leader()?;
+        let api: Api<BareMetalHost> =
+            Api::namespaced(self.ctx.client.clone(), &current.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {"labels": labels, "resourceVersion": current.resource_version()}});
+        api.patch(
+            &current.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Undoing this round's own claim: its resourceVersion is the one the
+    /// claim wrote, not the cached one.
+    async fn patch_host_unconditionally(&self, host: &str, labels: serde_json::Value) -> Result<()> {
+        let Some(current) = self.host(host) else {
+            return Ok(());
+        };
+        let api: Api<BareMetalHost> =
+            Api::namespaced(self.ctx.client.clone(), &current.namespace().unwrap_or_default());
+        api.patch(
+            &current.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": labels}})),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Addresses from each host's networkData Secret; BMC address and
+    /// credentials from its BMC Secret.
+    async fn host_details(
+        &self,
+        _sip: &SIPCluster,
+        members: &[(String, String, HostState)],
+    ) -> BTreeMap<String, HostDetails> {
+        let mut out = BTreeMap::new();
+        for (id, _, _) in members {
+            let Some(host) = self.host(id) else {
+                continue;
+            };
+            out.insert(id.clone(), self.details_of(&host).await);
+        }
+        out
+    }
+
+    async fn details_of(&self, host: &BareMetalHost) -> HostDetails {
+        let host_ns = host.namespace().unwrap_or_default();
+        let mut d = HostDetails::default();
+        if let Some(nd) = &host.spec.network_data {
+            let ns = nd.namespace.clone().unwrap_or_else(|| host_ns.clone());
+            match self.secret(&ns, &nd.name).await {
+                Ok(s) => match secret_value(&s, "networkData").map(|v| hosts::addresses(&v)) {
+                    Some(Ok(a)) => d.addresses = a,
+                    Some(Err(e)) => d.problems.push(format!("{}: {e}", host.name_any())),
+                    None => d.problems.push(format!(
+                        "{}: Secret {ns}/{} has no networkData",
+                        host.name_any(),
+                        nd.name
+                    )),
+                },
+                Err(e) => d.problems.push(format!("{}: networkData {e}", host.name_any())),
+            }
+        }
+        if let Some(bmc) = &host.spec.bmc {
+            let ip = hosts::management_address(&bmc.address).unwrap_or_default();
+            match self.secret(&host_ns, &bmc.credentials_name).await {
+                Ok(s) => {
+                    let get = |k| {
+                        secret_value(&s, k)
+                            .map(|v| String::from_utf8_lossy(&v).into_owned())
+                            .unwrap_or_default()
+                    };
+                    d.bmc = Some((ip, get("username"), get("password")));
+                }
+                Err(e) => d
+                    .problems
+                    .push(format!("{}: BMC credentials {e}", host.name_any())),
+            }
+        }
+        d
+    }
+
+    async fn secret(&self, ns: &str, name: &str) -> std::result::Result<Secret, String> {
+        let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), ns);
+        match api.get_opt(name).await {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => Err(format!("Secret {ns}/{name} not found")),
+            Err(e) => Err(format!("Secret {ns}/{name}: {e}")),
+        }
+    }
+
+    /// Applies every service's objects and deletes those of services no
+    /// longer asked for. Returns the endpoints, or what failed (naming the field).
+    async fn apply_services(
+        &self,
+        sip: &SIPCluster,
+        members: &[(String, String, HostState)],
+        details: &BTreeMap<String, HostDetails>,
+    ) -> std::result::Result<Vec<ServiceEndpoint>, String> {
+        let ns = sip.namespace().unwrap_or_default();
+        let owner = Owner {
+            name: sip.name_any(),
+            namespace: ns.clone(),
+            reference: sip.controller_owner_ref(&()).ok_or("the SIPCluster has no uid")?,
+        };
+        let backends = |role: &str, interface: &Option<String>| -> Vec<Backend> {
+            members
+                .iter()
+                .filter(|(_, r, s)| r == role && *s == HostState::Active)
+                .map(|(n, _, _)| Backend {
+                    name: short_name(n).to_string(),
+                    ip: interface
+                        .as_ref()
+                        .and_then(|i| details.get(n).and_then(|d| d.addresses.get(i).cloned())),
+                })
+                .collect()
+        };
+        let s = &sip.spec.services;
+        let mut wanted: Vec<(&'static str, ServiceObjects)> = Vec::new();
+        for (i, lb) in s.load_balancer_control_plane.iter().enumerate() {
+            let b = backends("ControlPlane", &lb.common.node_interface_id);
+            wanted.push((
+                "loadBalancerControlPlane",
+                services::load_balancer_control_plane(&owner, i, lb, &b),
+            ));
+        }
+        for (i, lb) in s.load_balancer_worker.iter().enumerate() {
+            let b = backends("Worker", &lb.common.node_interface_id);
+            wanted.push((
+                "loadBalancerWorker",
+                services::load_balancer_worker(&owner, i, lb, &b),
+            ));
+        }
+        let mut failures = Vec::new();
+        for (i, jh) in s.jump_host.iter().enumerate() {
+            let keys = match self.secret(&ns, &jh.node_ssh_private_keys).await {
+                Ok(secret) => secret.data.unwrap_or_default().into_keys().collect::<Vec<_>>(),
+                Err(e) => {
+                    failures.push(format!("spec.services.jumpHost[{i}].nodeSSHPrivateKeys: {e}"));
+                    continue;
+                }
+            };
+            let hosts: Vec<BmcHost> = members
+                .iter()
+                .filter_map(|(n, _, _)| {
+                    let d = details.get(n)?;
+                    let (bmc_ip, username, password) = d.bmc.clone()?;
+                    Some(BmcHost {
+                        name: short_name(n).to_string(),
+                        ip: jh
+                            .common
+                            .node_interface_id
+                            .as_ref()
+                            .and_then(|i| d.addresses.get(i).cloned()),
+                        bmc_ip,
+                        username,
+                        password,
+                    })
+                })
+                .collect();
+            wanted.push(("jumpHost", services::jump_host(&owner, i, jh, &hosts, &keys)));
+        }
+        let mut endpoints = Vec::new();
+        for (kind, objects) in &wanted {
+            if let Err(e) = self.apply_objects(&ns, objects).await {
+                failures.push(format!("{kind} {}: {e}", objects.deployment.name_any()));
+                continue;
+            }
+            endpoints.push(ServiceEndpoint {
+                kind: kind.to_string(),
+                name: objects.deployment.name_any(),
+                node_ports: objects.node_ports.clone(),
+                backends: objects.backends.clone(),
+            });
+        }
+        let keep: BTreeSet<String> = wanted.iter().map(|(_, o)| o.deployment.name_any()).collect();
+        if let Err(e) = self.delete_unwanted(sip, &keep).await {
+            failures.push(format!("removing services no longer asked for: {e}"));
+        }
+        match failures.is_empty() {
+            true => Ok(endpoints),
+            false => Err(failures.join("; ")),
+        }
+    }
+
+    async fn apply_objects(&self, ns: &str, o: &ServiceObjects) -> Result<()> {
+        self.ctx.leader.ensure_leader()?;
+        let params = PatchParams::apply(MANAGER).force();
+        let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), ns);
+        secrets
+            .patch(&o.secret.name_any(), &params, &Patch::Apply(&o.secret))
+            .await?;
+        let deployments: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), ns);
+        deployments
+            .patch(&o.deployment.name_any(), &params, &Patch::Apply(&o.deployment))
+            .await?;
+        let svc: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
+        svc.patch(&o.service.name_any(), &params, &Patch::Apply(&o.service))
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes this cluster's service objects that are not in `keep`.
+    async fn delete_unwanted(&self, sip: &SIPCluster, keep: &BTreeSet<String>) -> Result<()> {
+        let ns = sip.namespace().unwrap_or_default();
+        let lp = ListParams::default().labels(&format!(
+            "{}={},app.kubernetes.io/managed-by=nodewarden",
+            services::CLUSTER_LABEL,
+            sip.name_any()
+        ));
+        let uid = sip.metadata.uid.clone();
+        let owned = |m: &kube::api::ObjectMeta| {
+            !keep.contains(m.name.as_deref().unwrap_or_default())
+                && m.owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| Some(&r.uid) == uid.as_ref())
+        };
+        let client = &self.ctx.client;
+        self.delete_listed(&Api::<Deployment>::namespaced(client.clone(), &ns), &lp, &owned)
+            .await?;
+        self.delete_listed(&Api::<Service>::namespaced(client.clone(), &ns), &lp, &owned)
+            .await?;
+        self.delete_listed(&Api::<Secret>::namespaced(client.clone(), &ns), &lp, &owned)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes the objects `lp` lists that `unwanted` picks.
+    async fn delete_listed<K>(
+        &self,
+        api: &Api<K>,
+        lp: &ListParams,
+        unwanted: &impl Fn(&kube::api::ObjectMeta) -> bool,
+    ) -> Result<()>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        for o in api.list(lp).await?.items.iter().filter(|o| unwanted(o.meta())) {
+            self.ctx.leader.ensure_leader()?;
+            super::delete_if_present(api, &o.name_any(), &DeleteParams::default()).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_status(&self, sip: &SIPCluster, status: SIPClusterStatus) -> Result<()> {
+        if sip.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        self.ctx.leader.ensure_leader()?;
+        let mut updated = sip.clone();
+        updated.status = Some(status);
+        let api: Api<SIPCluster> =
+            Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default());
+        api.replace_status(&sip.name_any(), &PostParams::default(), &updated)
+            .await?;
+        Ok(())
+    }
+
+    /// Once written: a trace per replaced host, the metrics, the Events.
+    async fn after(&self, sip: &SIPCluster, plan: &ClusterPlan, started: SystemTime) {
+        let ns = sip.namespace().unwrap_or_default();
+        let name = sip.name_any();
+        let end = SystemTime::now();
+        let mut traced = false;
+        for (p, role) in plan.roles.iter().zip(ROLES) {
+            let wanted = sip
+                .spec
+                .nodes
+                .get(role)
+                .and_then(|s| s.count)
+                .map(|c| usize::try_from(c.active + c.standby).unwrap_or(0))
+                .unwrap_or(0);
+            let count = |s: HostState| p.result.iter().filter(|(_, x)| *x == s).count();
+            self.ctx.metrics.set_sip_hosts(
+                &ns,
+                &name,
+                role,
+                [
+                    ("active", count(HostState::Active)),
+                    ("standby", count(HostState::Standby)),
+                    ("wanted", wanted),
+                ],
+            );
+            for (old, new) in &p.replaced {
+                self.ctx
+                    .metrics
+                    .sip_host_replacements
+                    .get_or_create(&SipRoleLabels {
+                        cluster_namespace: ns.clone(),
+                        cluster: name.clone(),
+                        role: role.to_string(),
+                    })
+                    .inc();
+                let promoted = new
+                    .as_ref()
+                    .is_some_and(|n| p.restate.iter().any(|(r, _)| r == n));
+                let tp = TraceParent::new_root();
+                let phase = if promoted { "promote standby" } else { "claim host" };
+                trace::emit_phase(&tp, SpanRecord::new("release failed host", started, started));
+                trace::emit_phase(&tp, SpanRecord::new(phase, started, end));
+                trace::emit_phase(&tp, SpanRecord::new("update services", started, end));
+                trace::emit_root(
+                    &tp,
+                    SpanRecord::new("replace host", started, end)
+                        .attr("nodewarden.sipcluster", format!("{ns}/{name}"))
+                        .attr("nodewarden.role", role)
+                        .attr("nodewarden.host.old", old.clone())
+                        .attr("nodewarden.host.new", new.clone().unwrap_or_default()),
+                );
+                traced = true;
+                let note = match new {
+                    Some(n) => format!("{role} host {old} failed: {n} serves in its place"),
+                    None => format!("{role} host {old} failed and no host can replace it"),
+                };
+                self.event(sip, EventType::Warning, "HostReplaced", note);
+            }
+        }
+        if traced {
+            trace::flush(TRACE_FLUSH_TIMEOUT).await;
+        }
+    }
+
+    fn event(&self, sip: &SIPCluster, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Schedule".into(),
+            secondary: None,
+        };
+        super::spawn_event(&self.ctx.recorder, event, sip.object_ref(&()));
+    }
+
+    async fn add_finalizer(&self, sip: &SIPCluster) -> Result<()> {
+        self.ctx.leader.ensure_leader()?;
+        let mut finalizers = sip.finalizers().to_vec();
+        finalizers.push(FINALIZER.into());
+        let patch =
+            json!({"metadata": {"finalizers": finalizers, "resourceVersion": sip.resource_version()}});
+        let api: Api<SIPCluster> =
+            Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default());
+        api.patch(&sip.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// A deleted SIPCluster: every host labelled for it is released; its
+    /// services go with it (owner references); then the finalizer comes off.
+    async fn finalize(&self, sip: &SIPCluster) -> Result<()> {
+        if !sip.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let key = Key::<SIPCluster>::new(sip.namespace().as_deref(), &sip.name_any());
+        let _one_at_a_time = self.ctx.claiming.lock().await;
+        for host in self.ctx.hosts.list() {
+            if claimed_by(&host).as_ref() == Some(&key) {
+                self.patch_host(&host_id(&host), release_labels()).await?;
+            }
+        }
+        self.ctx.leader.ensure_leader()?;
+        let finalizers: Vec<String> = sip
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        let patch =
+            json!({"metadata": {"finalizers": finalizers, "resourceVersion": sip.resource_version()}});
+        let api: Api<SIPCluster> =
+            Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default());
+        match api
+            .patch(&sip.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// The merge patch that removes every claim label.
+fn release_labels() -> serde_json::Value {
+    json!({
+        labels::CLUSTER_NAMESPACE: null,
+        labels::CLUSTER_NAME: null,
+        labels::NODE_TYPE: null,
+        labels::STATE: null,
+    })
+}
+
+fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+    if let Some(v) = secret.data.as_ref().and_then(|d| d.get(key)) {
+        return Some(v.0.clone());
+    }
+    secret
+        .string_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|v| v.clone().into_bytes())
+}
+
+/// The status: hosts, services, counts and Ready with upstream's reasons.
+fn status_for(
+    sip: &SIPCluster,
+    plan: &ClusterPlan,
+    members: &[(String, String, HostState)],
+    details: &BTreeMap<String, HostDetails>,
+    topology: &BTreeMap<String, String>,
+    services: &std::result::Result<Vec<ServiceEndpoint>, String>,
+) -> SIPClusterStatus {
+    let mut status = sip.status.clone().unwrap_or_default();
+    let generation = sip.metadata.generation;
+    status.observed_generation = generation;
+    // The address shown is the one on the services' interface.
+    let s = &sip.spec.services;
+    let interface = s
+        .load_balancer_control_plane
+        .iter()
+        .map(|x| &x.common)
+        .chain(s.load_balancer_worker.iter().map(|x| &x.common))
+        .chain(s.jump_host.iter().map(|x| &x.common))
+        .find_map(|c| c.node_interface_id.clone());
+    status.hosts = members
+        .iter()
+        .map(|(id, role, state)| ChosenHost {
+            name: id.clone(),
+            role: role.clone(),
+            state: state.as_str().into(),
+            topology: topology.get(id).cloned(),
+            ip: interface
+                .as_ref()
+                .and_then(|i| details.get(id).and_then(|d| d.addresses.get(i).cloned())),
+        })
+        .collect();
+    status.services = services.clone().unwrap_or_default();
+    let summary = |role: &str| {
+        let set = sip.spec.nodes.get(role)?;
+        let c = set.count.unwrap_or_default();
+        let of = |s: HostState| members.iter().filter(|(_, r, x)| r == role && *x == s).count();
+        Some(format!(
+            "{}/{} (+{}/{})",
+            of(HostState::Active),
+            c.active,
+            of(HostState::Standby),
+            c.standby
+        ))
+    };
+    status.control_plane = summary("ControlPlane");
+    status.workers = summary("Worker");
+    let shortfalls: Vec<&str> = plan.roles.iter().filter_map(|p| p.shortfall.as_deref()).collect();
+    let problems: Vec<&String> = details.values().flat_map(|d| d.problems.iter()).collect();
+    let (ok, reason, message) = if !shortfalls.is_empty() {
+        let held = if plan.held_back {
+            "; no host claimed until all fit"
+        } else {
+            ""
+        };
+        (false, "Unschedulable", format!("{}{held}", shortfalls.join("; ")))
+    } else if let Err(e) = services {
+        (false, "InfraServiceFailure", e.clone())
+    } else if !problems.is_empty() {
+        let p: Vec<&str> = problems.iter().map(|s| s.as_str()).collect();
+        (
+            false,
+            "InfraServiceFailure",
+            format!("host records: {}", p.join("; ")),
+        )
+    } else {
+        (
+            true,
+            "ReconciliationSucceeded",
+            format!(
+                "{} hosts chosen, {} services running",
+                members.len(),
+                status.services.len()
+            ),
+        )
+    };
+    set_condition(
+        &mut status.conditions,
+        "Ready",
+        ok,
+        reason,
+        message,
+        generation,
+        Timestamp::now(),
+    );
+    status
+}
