@@ -139,7 +139,17 @@ impl Reconciler for SipReconciler {
         let started = SystemTime::now();
         let plan = {
             let _one_at_a_time = self.ctx.claiming.lock().await;
-            let plan = schedule::plan_cluster(&self.gather(&sip));
+            let initial = |s: &SIPCluster| s.status.as_ref().is_none_or(|s| s.hosts.is_empty());
+            let view = self.gather(&sip);
+            let mut plan = schedule::plan_cluster(&view, initial(&sip));
+            if plan.held_back && plan.roles.iter().any(|p| !p.release.is_empty()) {
+                // Giving hosts back is only right for a cluster that never had
+                // them: make sure on a fresh read, not a cached status.
+                let api: Api<SIPCluster> =
+                    Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default());
+                let fresh = api.get(&sip.name_any()).await?;
+                plan = schedule::plan_cluster(&view, initial(&fresh));
+            }
             self.apply_hosts(&sip, &plan).await?;
             plan
         };

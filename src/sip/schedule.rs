@@ -254,15 +254,17 @@ pub struct RoleView {
 pub struct ClusterPlan {
     /// Per role, in the order given.
     pub roles: Vec<RolePlan>,
-    /// A cluster with no host yet that cannot be filled claims nothing
-    /// (upstream's all-or-nothing), so two clusters never each hold half
-    /// of a pool that fits one.
+    /// A cluster never yet complete that cannot be filled claims nothing
+    /// and gives back what it holds (upstream's all-or-nothing, kept across
+    /// a leader killed mid-claim), so two clusters never each hold half of
+    /// a pool that fits one.
     pub held_back: bool,
 }
 
 /// Plans every role in turn; a host one role claims is not free for the
-/// next.
-pub fn plan_cluster(roles: &[RoleView]) -> ClusterPlan {
+/// next. `initial`: the cluster has never had its hosts (its status lists
+/// none), so it gets all of them or none.
+pub fn plan_cluster(roles: &[RoleView], initial: bool) -> ClusterPlan {
     let mut taken: BTreeSet<String> = BTreeSet::new();
     let mut plans = Vec::new();
     for r in roles {
@@ -276,14 +278,19 @@ pub fn plan_cluster(roles: &[RoleView]) -> ClusterPlan {
         taken.extend(plan.claim.iter().map(|(n, _)| n.clone()));
         plans.push(plan);
     }
-    let new_cluster = roles.iter().all(|r| r.members.is_empty());
-    let short = plans.iter().any(|p| p.shortfall.is_some());
-    let held_back = new_cluster && short && plans.iter().any(|p| !p.claim.is_empty());
-    if new_cluster && short {
-        for p in &mut plans {
+    let held_back = initial && plans.iter().any(|p| p.shortfall.is_some());
+    if held_back {
+        for (p, r) in plans.iter_mut().zip(roles) {
             p.claim.clear();
+            p.restate.clear();
             p.replaced.clear();
             p.result.clear();
+            let why = "a new cluster gets all of its hosts or none";
+            p.release = r
+                .members
+                .iter()
+                .map(|m| (m.name.clone(), why.to_string()))
+                .collect();
         }
     }
     ClusterPlan {
@@ -431,14 +438,26 @@ mod tests {
             members: Vec::new(),
             free: pool.clone(),
         };
-        let p = plan_cluster(&[role("ControlPlane", 1), role("Worker", 2)]);
+        let p = plan_cluster(&[role("ControlPlane", 1), role("Worker", 2)], true);
         assert_eq!(names(&p.roles[0].claim), [("a", Active)]);
         assert_eq!(names(&p.roles[1].claim), [("b", Active), ("c", Active)]);
         assert!(!p.held_back);
-        let p = plan_cluster(&[role("ControlPlane", 1), role("Worker", 3)]);
+        let p = plan_cluster(&[role("ControlPlane", 1), role("Worker", 3)], true);
         assert!(p.held_back);
         assert!(p.roles.iter().all(|r| r.claim.is_empty()), "all or nothing");
         assert!(p.roles[1].shortfall.is_some());
+        // Half claimed by a leader killed mid-claim: given back.
+        let mut half = role("Worker", 3);
+        half.members = vec![member("b", Active, "r2")];
+        half.free.retain(|c| c.name != "b");
+        let p = plan_cluster(&[role("ControlPlane", 1), half.clone()], true);
+        assert!(p.held_back);
+        assert_eq!(p.roles[1].release[0].0, "b");
+        // A cluster that had its hosts keeps them when one more cannot be found.
+        let p = plan_cluster(&[role("ControlPlane", 1), half], false);
+        assert!(!p.held_back);
+        assert!(p.roles[1].release.is_empty());
+        assert_eq!(p.roles[1].claim.len(), 1, "what can be claimed is");
     }
 
     #[test]
