@@ -17,7 +17,7 @@ use nodewarden::runtime::workqueue::WorkQueue;
 use nodewarden::telemetry::metrics::{
     CloudErrorLabels, CloudLabels, CloudOperation, ControllerLabels, DrainResult, ErrorLabels, JobResult,
     JobResultLabels, Metrics, NodeState, NodeStateLabels, NodeVersionLabels, PlanFailure, PlanFailureLabels,
-    ResultLabels,
+    ResultLabels, SipRoleLabels,
 };
 use serde_json::{Value, json};
 use support::manifests::{Applied, apply, describe, documents, file_name, gvk_of, is_namespace, to_object};
@@ -423,6 +423,17 @@ fn populated_metrics() -> Metrics {
         plan: "probe".into(),
         reason: PlanFailure::JobFailed,
     });
+    metrics.set_sip_hosts(
+        "probe",
+        "probe",
+        "Worker",
+        [("active", 0), ("standby", 0), ("wanted", 0)],
+    );
+    metrics.sip_host_replacements.get_or_create_owned(&SipRoleLabels {
+        cluster_namespace: "probe".into(),
+        cluster: "probe".into(),
+        role: "Worker".into(),
+    });
     // A queue with metrics creates the series of every queue metric.
     let _queue: WorkQueue<String> =
         WorkQueue::new("probe", default_rate_limiter(), Some(metrics.queue.bind("probe")));
@@ -558,6 +569,7 @@ fn alert_rules_are_complete_and_use_exported_metrics() {
         "NodewardenReconcileErrors",
         "NodewardenCloudErrors",
         "NodewardenPlanFailed",
+        "NodewardenSIPClusterShort",
     ] {
         if !seen.contains(wanted) {
             problems.push(format!("no alert {wanted}"));

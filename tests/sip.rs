@@ -156,6 +156,58 @@ async fn a_sipcluster_claims_spread_hosts_runs_its_services_and_replaces_a_faile
         .await
         .expect("deleting the failed host");
     assert_eq!(claimed(&env, "tenant").await.len(), 9);
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.namespace)
+        .list(&ListParams::default().fields("reason=HostReplaced"))
+        .await
+        .expect("events");
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.message.as_deref().is_some_and(|m| m.contains(&failed))),
+        "a HostReplaced Event names the failed host"
+    );
+
+    // Shrinking: one worker fewer; the standby that was idle goes first.
+    let before = claimed(&env, "tenant").await;
+    let idle: Vec<String> = before
+        .iter()
+        .filter(|(_, (r, s))| r == "Worker" && s == "standby")
+        .map(|(n, _)| n.clone())
+        .collect();
+    sips(&env)
+        .patch(
+            "tenant",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"nodes": {"Worker": {"count": {"active": 3, "standby": 1}}}}})),
+        )
+        .await
+        .expect("shrinking");
+    wait_for(
+        "3 active workers and 1 standby",
+        Duration::from_secs(20),
+        || async {
+            let now = claimed(&env, "tenant").await;
+            let of = |s: &str| now.values().filter(|(r, x)| r == "Worker" && x == s).count();
+            match (of("active"), of("standby"), now.contains_key(&idle[0])) {
+                (3, 1, false) => Probe::Done(()),
+                other => Probe::NotYet(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    wait_for(
+        "the worker load balancer follows",
+        Duration::from_secs(20),
+        || async {
+            let cfg = haproxy_config(&env, "loadbalancer-worker-tenant").await;
+            match cfg.lines().filter(|l| l.starts_with("  server ")).count() {
+                9 => Probe::Done(()),
+                n => Probe::NotYet(format!("{n} servers")),
+            }
+        },
+    )
+    .await;
 
     // Deleting the SIPCluster: every host released, every service object gone.
     sips(&env)

@@ -124,6 +124,30 @@ async fn three_replicas_claim_through_a_leader_kill_and_trace_a_host_replacement
         .collect();
     assert_eq!((mine.len(), active.len()), (24, 20), "{mine:?}");
 
+    // The leader's gauges show the winner's hosts.
+    let leader = holder(&leases, &lease_name).await.expect("a leader");
+    let ns = env.namespace.clone();
+    let series = |state: &str| {
+        format!(
+            "nodewarden_sip_hosts{{cluster_namespace=\"{ns}\",cluster=\"{winner}\",role=\"ControlPlane\",state=\"{state}\"}}"
+        )
+    };
+    wait_for("the leader's SIP gauges", Duration::from_secs(15), || async {
+        let scraped = match replicas.scrape().await {
+            Ok(s) => s,
+            Err(e) => return Probe::NotYet(e),
+        };
+        let got: Vec<Option<f64>> = ["active", "standby", "wanted"]
+            .iter()
+            .map(|s| metric_value(&scraped[&leader], &series(s)))
+            .collect();
+        match got.as_slice() {
+            [Some(20.0), Some(4.0), Some(24.0)] => Probe::Done(()),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+
     // A host fails: the standby takes over; the replacement is one trace.
     let failed = active[0].clone();
     set_host_status(&env, &failed, "error", "provisioned").await;
