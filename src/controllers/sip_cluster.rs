@@ -153,6 +153,7 @@ impl Reconciler for SipReconciler {
             self.apply_hosts(&sip, &plan).await?;
             plan
         };
+        let labelled = SystemTime::now();
         let members = result_hosts(&plan);
         let details = self.host_details(&sip, &members).await;
         let services = self.apply_services(&sip, &members, &details).await;
@@ -160,7 +161,12 @@ impl Reconciler for SipReconciler {
         let status = status_for(&sip, &plan, &members, &details, &topology, &services);
         let ready = crate::api::conditions::is_true(&status.conditions, "Ready");
         self.write_status(&sip, status).await?;
-        self.after(&sip, &plan, started).await;
+        let times = Times {
+            started,
+            labelled,
+            done: SystemTime::now(),
+        };
+        self.after(&sip, &plan, &times).await;
         // Not ready: a missing Secret or host may appear without an event here.
         Ok(Action::RequeueAfter(if ready {
             RECHECK
@@ -447,63 +453,14 @@ impl SipReconciler {
             namespace: ns.clone(),
             reference: sip.controller_owner_ref(&()).ok_or("the SIPCluster has no uid")?,
         };
-        let backends = |role: &str, interface: &Option<String>| -> Vec<Backend> {
-            members
-                .iter()
-                .filter(|(_, r, s)| r == role && *s == HostState::Active)
-                .map(|(n, _, _)| Backend {
-                    name: short_name(n).to_string(),
-                    ip: interface
-                        .as_ref()
-                        .and_then(|i| details.get(n).and_then(|d| d.addresses.get(i).cloned())),
-                })
-                .collect()
-        };
-        let s = &sip.spec.services;
-        let mut wanted: Vec<(&'static str, ServiceObjects)> = Vec::new();
-        for (i, lb) in s.load_balancer_control_plane.iter().enumerate() {
-            let b = backends("ControlPlane", &lb.common.node_interface_id);
-            wanted.push((
-                "loadBalancerControlPlane",
-                services::load_balancer_control_plane(&owner, i, lb, &b),
-            ));
+        let mut keys = Vec::new();
+        for (i, jh) in sip.spec.services.jump_host.iter().enumerate() {
+            keys.push(match self.secret(&ns, &jh.node_ssh_private_keys).await {
+                Ok(secret) => Ok(secret.data.unwrap_or_default().into_keys().collect()),
+                Err(e) => Err(format!("spec.services.jumpHost[{i}].nodeSSHPrivateKeys: {e}")),
+            });
         }
-        for (i, lb) in s.load_balancer_worker.iter().enumerate() {
-            let b = backends("Worker", &lb.common.node_interface_id);
-            wanted.push((
-                "loadBalancerWorker",
-                services::load_balancer_worker(&owner, i, lb, &b),
-            ));
-        }
-        let mut failures = Vec::new();
-        for (i, jh) in s.jump_host.iter().enumerate() {
-            let keys = match self.secret(&ns, &jh.node_ssh_private_keys).await {
-                Ok(secret) => secret.data.unwrap_or_default().into_keys().collect::<Vec<_>>(),
-                Err(e) => {
-                    failures.push(format!("spec.services.jumpHost[{i}].nodeSSHPrivateKeys: {e}"));
-                    continue;
-                }
-            };
-            let hosts: Vec<BmcHost> = members
-                .iter()
-                .filter_map(|(n, _, _)| {
-                    let d = details.get(n)?;
-                    let (bmc_ip, username, password) = d.bmc.clone()?;
-                    Some(BmcHost {
-                        name: short_name(n).to_string(),
-                        ip: jh
-                            .common
-                            .node_interface_id
-                            .as_ref()
-                            .and_then(|i| d.addresses.get(i).cloned()),
-                        bmc_ip,
-                        username,
-                        password,
-                    })
-                })
-                .collect();
-            wanted.push(("jumpHost", services::jump_host(&owner, i, jh, &hosts, &keys)));
-        }
+        let (wanted, mut failures) = build_services(sip, &owner, members, details, &keys);
         let mut endpoints = Vec::new();
         for (kind, objects) in &wanted {
             if let Err(e) = self.apply_objects(&ns, objects).await {
@@ -517,7 +474,13 @@ impl SipReconciler {
                 backends: objects.backends.clone(),
             });
         }
-        let keep: BTreeSet<String> = wanted.iter().map(|(_, o)| o.deployment.name_any()).collect();
+        // A jump host whose key Secret is missing keeps what it had.
+        let mut keep: BTreeSet<String> = wanted.iter().map(|(_, o)| o.deployment.name_any()).collect();
+        for (i, k) in keys.iter().enumerate() {
+            if k.is_err() {
+                keep.insert(services::instance_name("jumphost", &owner, i));
+            }
+        }
         if let Err(e) = self.delete_unwanted(sip, &keep).await {
             failures.push(format!("removing services no longer asked for: {e}"));
         }
@@ -602,10 +565,9 @@ impl SipReconciler {
     }
 
     /// Once written: a trace per replaced host, the metrics, the Events.
-    async fn after(&self, sip: &SIPCluster, plan: &ClusterPlan, started: SystemTime) {
+    async fn after(&self, sip: &SIPCluster, plan: &ClusterPlan, times: &Times) {
         let ns = sip.namespace().unwrap_or_default();
         let name = sip.name_any();
-        let end = SystemTime::now();
         let mut traced = false;
         for (p, role) in plan.roles.iter().zip(ROLES) {
             let wanted = sip
@@ -641,12 +603,19 @@ impl SipReconciler {
                     .is_some_and(|n| p.restate.iter().any(|(r, _)| r == n));
                 let tp = TraceParent::new_root();
                 let phase = if promoted { "promote standby" } else { "claim host" };
-                trace::emit_phase(&tp, SpanRecord::new("release failed host", started, started));
-                trace::emit_phase(&tp, SpanRecord::new(phase, started, end));
-                trace::emit_phase(&tp, SpanRecord::new("update services", started, end));
+                // The labels are written in one pass (releases first), then
+                // the services: the phases share those two intervals.
+                let Times {
+                    started,
+                    labelled,
+                    done,
+                } = *times;
+                trace::emit_phase(&tp, SpanRecord::new("release failed host", started, labelled));
+                trace::emit_phase(&tp, SpanRecord::new(phase, started, labelled));
+                trace::emit_phase(&tp, SpanRecord::new("update services", labelled, done));
                 trace::emit_root(
                     &tp,
-                    SpanRecord::new("replace host", started, end)
+                    SpanRecord::new("replace host", times.started, times.done)
                         .attr("nodewarden.sipcluster", format!("{ns}/{name}"))
                         .attr("nodewarden.role", role)
                         .attr("nodewarden.host.old", old.clone())
@@ -722,6 +691,83 @@ impl SipReconciler {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Every service's objects (pure): the load balancers' backends are the
+/// role's active hosts, the jump host lists every host with its BMC.
+/// `keys`: per jump host, the names in its key Secret or why there are none
+/// (that jump host is left out and the reason returned).
+fn build_services(
+    sip: &SIPCluster,
+    owner: &Owner,
+    members: &[(String, String, HostState)],
+    details: &BTreeMap<String, HostDetails>,
+    keys: &[std::result::Result<Vec<String>, String>],
+) -> (Vec<(&'static str, ServiceObjects)>, Vec<String>) {
+    let address = |id: &str, interface: &Option<String>| {
+        interface
+            .as_ref()
+            .and_then(|i| details.get(id).and_then(|d| d.addresses.get(i).cloned()))
+    };
+    let backends = |role: &str, interface: &Option<String>| -> Vec<Backend> {
+        members
+            .iter()
+            .filter(|(_, r, s)| r == role && *s == HostState::Active)
+            .map(|(n, _, _)| Backend {
+                name: short_name(n).to_string(),
+                ip: address(n, interface),
+            })
+            .collect()
+    };
+    let s = &sip.spec.services;
+    let mut wanted: Vec<(&'static str, ServiceObjects)> = Vec::new();
+    for (i, lb) in s.load_balancer_control_plane.iter().enumerate() {
+        let b = backends("ControlPlane", &lb.common.node_interface_id);
+        wanted.push((
+            "loadBalancerControlPlane",
+            services::load_balancer_control_plane(owner, i, lb, &b),
+        ));
+    }
+    for (i, lb) in s.load_balancer_worker.iter().enumerate() {
+        let b = backends("Worker", &lb.common.node_interface_id);
+        wanted.push((
+            "loadBalancerWorker",
+            services::load_balancer_worker(owner, i, lb, &b),
+        ));
+    }
+    let mut failures = Vec::new();
+    for ((i, jh), keys) in s.jump_host.iter().enumerate().zip(keys) {
+        let keys = match keys {
+            Ok(k) => k,
+            Err(e) => {
+                failures.push(e.clone());
+                continue;
+            }
+        };
+        let hosts: Vec<BmcHost> = members
+            .iter()
+            .filter_map(|(n, _, _)| {
+                let (bmc_ip, username, password) = details.get(n)?.bmc.clone()?;
+                Some(BmcHost {
+                    name: short_name(n).to_string(),
+                    ip: address(n, &jh.common.node_interface_id),
+                    bmc_ip,
+                    username,
+                    password,
+                })
+            })
+            .collect();
+        wanted.push(("jumpHost", services::jump_host(owner, i, jh, &hosts, keys)));
+    }
+    (wanted, failures)
+}
+
+/// When a reconcile started, finished its label writes, finished.
+#[derive(Clone, Copy)]
+struct Times {
+    started: SystemTime,
+    labelled: SystemTime,
+    done: SystemTime,
 }
 
 /// The merge patch that removes every claim label.

@@ -89,16 +89,64 @@ pub struct RolePlan {
     pub result: Vec<(String, HostState)>,
 }
 
+/// A role's hosts while planning: (name, state).
+type Kept = Vec<(String, HostState)>;
+
+fn count(kept: &[(String, HostState)], state: HostState) -> usize {
+    kept.iter().filter(|(_, s)| *s == state).count()
+}
+
 /// The plan for one role. `members` are the role's hosts now; `free` the
 /// hosts it may claim (the caller removes those claimed by earlier roles).
 pub fn plan_role(wants: &RoleWants, members: &[Member], free: &[Candidate]) -> RolePlan {
     let mut plan = RolePlan::default();
+    let (mut kept, mut used, failed_actives) = keep_members(wants, members, &mut plan);
+    rebalance(wants, &mut kept, &mut plan);
+    release_surplus_standbys(wants, &mut kept, &mut plan);
+    let missing = claim_free(wants, free, &mut used, &mut kept, &mut plan);
+    // Pair each failed active with the host that now serves in its place.
+    let mut newly_active = plan
+        .restate
+        .iter()
+        .filter(|(_, s)| *s == HostState::Active)
+        .chain(plan.claim.iter().filter(|(_, s)| *s == HostState::Active))
+        .map(|(n, _)| n.clone());
+    plan.replaced = failed_actives
+        .into_iter()
+        .map(|old| (old, newly_active.next()))
+        .collect();
+    if missing > 0 {
+        let per = match &wants.topology_key {
+            Some(k) => format!(" (one per {k} value)"),
+            None => String::new(),
+        };
+        plan.shortfall = Some(format!(
+            "{}: {} wanted ({} active + {} standby), {} available{per}",
+            wants.role,
+            wants.active + wants.standby,
+            wants.active,
+            wants.standby,
+            kept.len()
+        ));
+    }
+    kept.sort();
+    plan.result = kept;
+    plan
+}
+
+/// Keeps usable members, actives first, one per topology value; the rest
+/// are released. Returns the kept hosts, the topology values they use and
+/// the active hosts that failed.
+fn keep_members(
+    wants: &RoleWants,
+    members: &[Member],
+    plan: &mut RolePlan,
+) -> (Kept, BTreeSet<String>, Vec<String>) {
     let spread = wants.topology_key.is_some();
-    let mut used: BTreeSet<String> = BTreeSet::new();
-    // Keep usable members, actives first, one per topology value.
+    let mut used = BTreeSet::new();
     let mut sorted: Vec<&Member> = members.iter().collect();
     sorted.sort_by(|a, b| (a.state, &a.name).cmp(&(b.state, &b.name)));
-    let mut kept: Vec<(String, HostState)> = Vec::new();
+    let mut kept = Vec::new();
     let mut failed_actives = Vec::new();
     for m in sorted {
         let why = match (&m.unusable, &m.topology) {
@@ -124,45 +172,49 @@ pub fn plan_role(wants: &RoleWants, members: &[Member], free: &[Candidate]) -> R
             }
         }
     }
-    let count = |kept: &[(String, HostState)], s: HostState| kept.iter().filter(|(_, x)| *x == s).count();
-    let original_standbys: BTreeSet<String> = kept
+    (kept, used, failed_actives)
+}
+
+/// Too many actives: the extras become standbys. Too few: standbys are
+/// promoted.
+fn rebalance(wants: &RoleWants, kept: &mut Kept, plan: &mut RolePlan) {
+    let (from, to, mut n) = match count(kept, HostState::Active) {
+        a if a > wants.active => (HostState::Active, HostState::Standby, a - wants.active),
+        a => (HostState::Standby, HostState::Active, wants.active - a),
+    };
+    // Demote the last actives, promote the first standbys.
+    let order: Vec<usize> = match from {
+        HostState::Active => (0..kept.len()).rev().collect(),
+        HostState::Standby => (0..kept.len()).collect(),
+    };
+    for i in order {
+        if n == 0 {
+            break;
+        }
+        if kept[i].1 == from {
+            kept[i].1 = to;
+            plan.restate.push((kept[i].0.clone(), to));
+            n -= 1;
+        }
+    }
+}
+
+/// Too many standbys: release those that were standbys all along first
+/// (not the actives just demoted).
+fn release_surplus_standbys(wants: &RoleWants, kept: &mut Kept, plan: &mut RolePlan) {
+    let mut surplus = count(kept, HostState::Standby).saturating_sub(wants.standby);
+    let demoted: BTreeSet<String> = plan
+        .restate
         .iter()
         .filter(|(_, s)| *s == HostState::Standby)
         .map(|(n, _)| n.clone())
         .collect();
-    // Too many actives: the extras become standbys (released below if
-    // those are too many too).
-    let mut extra = count(&kept, HostState::Active).saturating_sub(wants.active);
-    for (name, state) in kept.iter_mut().rev() {
-        if extra == 0 {
-            break;
-        }
-        if *state == HostState::Active {
-            *state = HostState::Standby;
-            plan.restate.push((name.clone(), HostState::Standby));
-            extra -= 1;
-        }
-    }
-    // Too few actives: promote standbys.
-    let mut missing = wants.active.saturating_sub(count(&kept, HostState::Active));
-    for (name, state) in kept.iter_mut() {
-        if missing == 0 {
-            break;
-        }
-        if *state == HostState::Standby {
-            *state = HostState::Active;
-            plan.restate.push((name.clone(), HostState::Active));
-            missing -= 1;
-        }
-    }
-    // Too many standbys: release those that were standbys all along first.
-    let mut surplus = count(&kept, HostState::Standby).saturating_sub(wants.standby);
     let mut order: Vec<usize> = (0..kept.len())
         .filter(|i| kept[*i].1 == HostState::Standby)
         .collect();
     order.sort_by_key(|i| {
         (
-            !original_standbys.contains(&kept[*i].0),
+            demoted.contains(&kept[*i].0),
             std::cmp::Reverse(kept[*i].0.clone()),
         )
     });
@@ -171,29 +223,33 @@ pub fn plan_role(wants: &RoleWants, members: &[Member], free: &[Candidate]) -> R
         if surplus == 0 {
             break;
         }
-        dropped.insert(i);
+        dropped.insert(kept[i].0.clone());
         plan.release
             .push((kept[i].0.clone(), "more standby hosts than wanted".into()));
         surplus -= 1;
     }
-    let released: BTreeSet<&String> = plan.release.iter().map(|(n, _)| n).collect();
-    plan.restate.retain(|(n, _)| !released.contains(n));
-    let mut kept: Vec<(String, HostState)> = kept
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !dropped.contains(i))
-        .map(|(_, k)| k)
-        .collect();
-    // Claim free hosts: actives first, then standbys, one per topology value.
-    let mut need_active = wants.active.saturating_sub(count(&kept, HostState::Active));
-    let mut need_standby = wants.standby.saturating_sub(count(&kept, HostState::Standby));
+    plan.restate.retain(|(n, _)| !dropped.contains(n));
+    kept.retain(|(n, _)| !dropped.contains(n));
+}
+
+/// Claims free hosts, actives first, then standbys, one per topology
+/// value. Returns how many are still missing.
+fn claim_free(
+    wants: &RoleWants,
+    free: &[Candidate],
+    used: &mut BTreeSet<String>,
+    kept: &mut Kept,
+    plan: &mut RolePlan,
+) -> usize {
+    let mut need_active = wants.active.saturating_sub(count(kept, HostState::Active));
+    let mut need_standby = wants.standby.saturating_sub(count(kept, HostState::Standby));
     let mut free: Vec<&Candidate> = free.iter().collect();
     free.sort_by(|a, b| a.name.cmp(&b.name));
     for c in free {
         if need_active + need_standby == 0 {
             break;
         }
-        if spread {
+        if wants.topology_key.is_some() {
             let Some(t) = &c.topology else { continue };
             if !used.insert(t.clone()) {
                 continue;
@@ -209,32 +265,7 @@ pub fn plan_role(wants: &RoleWants, members: &[Member], free: &[Candidate]) -> R
         plan.claim.push((c.name.clone(), state));
         kept.push((c.name.clone(), state));
     }
-    // Pair each failed active with the host that now serves in its place.
-    let mut newly_active = plan
-        .restate
-        .iter()
-        .filter(|(_, s)| *s == HostState::Active)
-        .chain(plan.claim.iter().filter(|(_, s)| *s == HostState::Active))
-        .map(|(n, _)| n.clone());
-    plan.replaced = failed_actives
-        .into_iter()
-        .map(|old| (old, newly_active.next()))
-        .collect();
-    if need_active + need_standby > 0 {
-        let wanted = wants.active + wants.standby;
-        let have = count(&kept, HostState::Active) + count(&kept, HostState::Standby);
-        let per = match &wants.topology_key {
-            Some(k) => format!(" (one per {k} value)"),
-            None => String::new(),
-        };
-        plan.shortfall = Some(format!(
-            "{}: {wanted} wanted ({} active + {} standby), {have} available{per}",
-            wants.role, wants.active, wants.standby
-        ));
-    }
-    kept.sort();
-    plan.result = kept;
-    plan
+    need_active + need_standby
 }
 
 /// One role as the cluster shows it: what it wants, its hosts, the free

@@ -72,7 +72,9 @@ pub struct Owner {
     pub reference: OwnerReference,
 }
 
-fn instance_name(prefix: &str, owner: &Owner, index: usize) -> String {
+/// The name of a service's objects: `<prefix>-<cluster>`, `-<index>` after
+/// the first.
+pub fn instance_name(prefix: &str, owner: &Owner, index: usize) -> String {
     match index {
         0 => format!("{prefix}-{}", owner.name),
         i => format!("{prefix}-{}-{i}", owner.name),
