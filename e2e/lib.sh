@@ -1,8 +1,8 @@
 # Helpers shared by the e2e scripts (sourced, not run): messages (say, log, die),
 # polling (retry_until, wait_started), ports and processes (free_ports, alive,
 # pid_from_file, stop_pid) and the leader's Lease (lease_holder). Sourced by
-# e2e/controlplane/cluster.sh, e2e/jaeger/run.sh, e2e/demo/demo.sh and, through
-# e2e/kind/lib.sh, the kind scripts.
+# e2e/controlplane/cluster.sh, e2e/jaeger/run.sh, e2e/moto/moto.sh,
+# e2e/demo/demo.sh and, through e2e/kind/lib.sh, the kind scripts.
 # shellcheck shell=bash
 
 # --- messages -------------------------------------------------------------------

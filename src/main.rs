@@ -79,6 +79,20 @@ struct RunArgs {
     /// (`nodewarden sim-cloud`); without a cloud only maintenance runs.
     #[arg(long, env = "NODEWARDEN_SIM_CLOUD")]
     sim_cloud: Option<String>,
+    /// The cloud that replaces nodes: `sim` (needs --sim-cloud), `aws`, or `none`
+    /// (default: `sim` when --sim-cloud is given, else none).
+    #[arg(long, env = "NODEWARDEN_CLOUD", value_parser = ["sim", "aws", "none"])]
+    cloud: Option<String>,
+    /// AWS: the cluster's `constellation-uid` tag value (its Auto Scaling groups).
+    #[arg(long, env = "NODEWARDEN_AWS_CLUSTER_UID")]
+    aws_cluster_uid: Option<String>,
+    /// AWS: another endpoint for every service (moto, LocalStack); the SDK's
+    /// AWS_ENDPOINT_URL works too.
+    #[arg(long, env = "NODEWARDEN_AWS_ENDPOINT")]
+    aws_endpoint: Option<String>,
+    /// AWS: the region (default: the SDK's chain, e.g. AWS_REGION).
+    #[arg(long)]
+    aws_region: Option<String>,
     /// Create ScalingGroups following this NodeVersion for cloud groups without one.
     #[arg(long)]
     discover_scaling_groups: Option<String>,
@@ -133,12 +147,50 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// The cloud `--cloud` names (sim by default when --sim-cloud is given).
+async fn cloud(
+    args: &RunArgs,
+) -> anyhow::Result<Option<std::sync::Arc<dyn nodewarden::cloud::CloudProvider>>> {
+    use nodewarden::cloud::aws::{AwsConfig, AwsProvider};
+    use nodewarden::cloud::sim::SimProvider;
+    let which = args
+        .cloud
+        .clone()
+        .unwrap_or_else(|| if args.sim_cloud.is_some() { "sim" } else { "none" }.into());
+    Ok(match which.as_str() {
+        "sim" => {
+            let endpoint = args
+                .sim_cloud
+                .as_deref()
+                .context("--cloud sim needs --sim-cloud")?;
+            Some(std::sync::Arc::new(
+                SimProvider::new(endpoint).context("configuring the sim cloud")?,
+            ))
+        }
+        "aws" => {
+            let config = AwsConfig {
+                cluster_uid: args.aws_cluster_uid.clone().unwrap_or_default(),
+                endpoint: args.aws_endpoint.clone(),
+                region: args.aws_region.clone(),
+                static_credentials: None,
+            };
+            Some(std::sync::Arc::new(
+                AwsProvider::new(config)
+                    .await
+                    .context("configuring the aws cloud")?,
+            ))
+        }
+        _ => None,
+    })
+}
+
 fn seconds(s: f64, flag: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(s)
         .with_context(|| format!("--{flag} must be a non-negative number of seconds"))
 }
 
 async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
+    let cloud = cloud(&args).await?;
     let mut leader = LeaderElectionConfig::new(args.lease_namespace, args.lease_name, identity);
     leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
     leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
@@ -154,12 +206,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             lease_namespace: args.maintenance_lease_namespace,
         },
         workers: args.workers,
-        cloud: match &args.sim_cloud {
-            Some(endpoint) => Some(std::sync::Arc::new(
-                nodewarden::cloud::sim::SimProvider::new(endpoint).context("configuring the sim cloud")?,
-            )),
-            None => None,
-        },
+        cloud,
         discover_scaling_groups: args.discover_scaling_groups,
         bare_metal: match args.sip.as_str() {
             "on" => Some(true),

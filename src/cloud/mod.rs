@@ -18,6 +18,7 @@
 //!   [`sim::wire`] is the protocol it speaks. The simulator itself is
 //!   [`crate::simcloud`], a separate module tree this one does not import.
 
+pub mod aws;
 pub mod error;
 pub mod metered;
 pub mod sim;

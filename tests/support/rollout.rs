@@ -321,18 +321,25 @@ pub async fn setup(test: &str, groups: &[(&'static str, &'static str, usize)]) -
         },
     )
     .await;
-    // The NodeVersion and its ScalingGroups, as Constellation's installer makes them.
+    let ids: Vec<(String, &'static str)> = groups.iter().map(|(id, role, _)| (id.clone(), *role)).collect();
+    create_node_version(&env, &ids, "img-1").await;
+    Rollout { env, sim, groups }
+}
+
+/// The NodeVersion (maxSurge 1) and a ScalingGroup per cloud group, as
+/// Constellation's installer makes them.
+pub async fn create_node_version(env: &TestEnv, groups: &[(String, &'static str)], image: &str) {
     let nv: NodeVersion = serde_json::from_value(json!({
         "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "NodeVersion",
         "metadata": {"name": env.name("version"), "labels": {RUN_LABEL: env.id}},
-        "spec": {"image": "img-1", "rollout": {"maxSurge": 1, "maxUnavailable": 0}},
+        "spec": {"image": image, "rollout": {"maxSurge": 1, "maxUnavailable": 0}},
     }))
     .expect("a NodeVersion");
     Api::<NodeVersion>::all(env.client.clone())
         .create(&PostParams::default(), &nv)
         .await
         .expect("creating");
-    for (id, role, _) in &groups {
+    for (id, role) in groups {
         let sg: ScalingGroup = serde_json::from_value(json!({
             "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "ScalingGroup",
             "metadata": {"name": id, "labels": {RUN_LABEL: env.id}},
@@ -344,7 +351,6 @@ pub async fn setup(test: &str, groups: &[(&'static str, &'static str, usize)]) -
             .await
             .expect("creating");
     }
-    Rollout { env, sim, groups }
 }
 
 /// A Deployment over the workers with a budget of one pod down at a time.
@@ -379,7 +385,12 @@ pub async fn workload(env: &TestEnv, name: &str, replicas: i32) {
 
 /// Sets the image (and surge), then waits until every node runs it.
 pub async fn roll(r: &Rollout, image: &str, surge: usize) -> Duration {
-    let env = &r.env;
+    let total: usize = r.groups.iter().map(|g| g.2).sum();
+    roll_nodes(&r.env, total, image, surge).await
+}
+
+/// Sets the image (and surge), then waits until all `total` nodes run it.
+pub async fn roll_nodes(env: &TestEnv, total: usize, image: &str, surge: usize) -> Duration {
     let api: Api<NodeVersion> = Api::all(env.client.clone());
     let patch = json!({"spec": {"image": image, "rollout": {"maxSurge": surge}}});
     let start = Instant::now();
@@ -390,7 +401,6 @@ pub async fn roll(r: &Rollout, image: &str, surge: usize) -> Duration {
     )
     .await
     .expect("new image");
-    let total: usize = r.groups.iter().map(|g| g.2).sum();
     let nodes: Api<Node> = Api::all(env.client.clone());
     let selector = env.run_selector();
     wait_for(

@@ -1,0 +1,134 @@
+//! The SDK's errors as [`CloudError`]s: throttling, server and transport
+//! failures stay retryable, "not found" stays distinct, credentials and
+//! region problems are configuration.
+
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+
+use super::super::CloudError;
+
+/// How long one call may take (the SDK's operation timeout).
+pub const OPERATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The error codes AWS uses to ask callers to slow down.
+const THROTTLING: [&str; 7] = [
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "RequestThrottled",
+    "TooManyRequestsException",
+    "SlowDown",
+    "EC2ThrottledException",
+];
+
+/// Error codes that mean the credentials or the region are wrong.
+const CONFIG: [&str; 6] = [
+    "AuthFailure",
+    "UnauthorizedOperation",
+    "InvalidClientTokenId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "MissingAuthenticationToken",
+];
+
+/// Maps one SDK error about `what`.
+pub fn sdk_error<E: ProvideErrorMetadata + std::fmt::Debug>(e: SdkError<E>, what: &str) -> CloudError {
+    match e {
+        SdkError::ServiceError(ctx) => {
+            let status = ctx.raw().status().as_u16();
+            let err = ctx.err();
+            classify(
+                status,
+                err.code().unwrap_or_default(),
+                err.message().unwrap_or_default(),
+                what,
+            )
+        }
+        SdkError::TimeoutError(_) => CloudError::Timeout {
+            after: OPERATION_TIMEOUT,
+        },
+        SdkError::DispatchFailure(d) if d.is_timeout() => CloudError::Timeout {
+            after: OPERATION_TIMEOUT,
+        },
+        SdkError::DispatchFailure(d) => CloudError::Transport(format!("{what}: {d:?}")),
+        SdkError::ResponseError(r) => {
+            let status = r.raw().status().as_u16();
+            let message = format!("{what}: an answer that is not AWS's ({status})");
+            match status {
+                500.. => CloudError::Server { status, message },
+                _ => CloudError::InvalidResponse(message),
+            }
+        }
+        SdkError::ConstructionFailure(c) => CloudError::Config(format!("{what}: {c:?}")),
+        other => CloudError::InvalidResponse(format!("{what}: {other:?}")),
+    }
+}
+
+/// An AWS error answer by its HTTP status and code.
+pub fn classify(status: u16, code: &str, message: &str, what: &str) -> CloudError {
+    let message = format!("{what}: {code}: {message}");
+    if THROTTLING.contains(&code) || status == 429 {
+        return CloudError::Throttled { retry_after: None };
+    }
+    if code.ends_with(".NotFound")
+        || code.ends_with("NotFound")
+        || message.to_lowercase().contains("not found")
+    {
+        return CloudError::NotFound {
+            what: what.to_string(),
+        };
+    }
+    if CONFIG.contains(&code) {
+        return CloudError::Config(message);
+    }
+    match status {
+        500.. => CloudError::Server { status, message },
+        _ => CloudError::Rejected { status, message },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::error::CloudErrorKind;
+
+    #[test]
+    fn aws_answers_map_to_our_kinds() {
+        for (status, code, message, kind, retryable) in [
+            (
+                400,
+                "Throttling",
+                "Rate exceeded",
+                CloudErrorKind::Throttled,
+                true,
+            ),
+            (503, "RequestLimitExceeded", "", CloudErrorKind::Throttled, true),
+            (
+                400,
+                "InvalidInstanceID.NotFound",
+                "",
+                CloudErrorKind::NotFound,
+                false,
+            ),
+            (
+                400,
+                "ValidationError",
+                "Instance Id not found - No managed instance found",
+                CloudErrorKind::NotFound,
+                false,
+            ),
+            (401, "AuthFailure", "", CloudErrorKind::Config, false),
+            (500, "InternalError", "", CloudErrorKind::Server, true),
+            (
+                400,
+                "ValidationError",
+                "DesiredCapacity above MaxSize",
+                CloudErrorKind::Rejected,
+                false,
+            ),
+        ] {
+            let e = classify(status, code, message, "x");
+            assert_eq!(e.kind(), kind, "{code} {message}");
+            assert_eq!(e.retryable(), retryable, "{code}");
+        }
+    }
+}

@@ -1,0 +1,680 @@
+//! The `aws` provider: Auto Scaling groups and EC2, on the official SDK
+//! (rustls with ring, no C crypto), mapped the way Constellation maps them.
+//!
+//! - A ScalingGroup's groupId is the Auto Scaling group's name; the cluster's
+//!   groups carry the tag `constellation-uid`, their role
+//!   `constellation-role` and their node group `constellation-node-group`.
+//! - The group image is the ImageId of its launch template's version; a new
+//!   image is a new template version (with the instance settings copied)
+//!   made the default.
+//! - create = desired capacity + 1 and the new instance found; delete =
+//!   terminate in the group with decrement.
+//! - Provider IDs are `aws:///<zone>/<instance-id>`.
+//!
+//! Calls do not retry inside (the SDK's retries are off): the work queue's
+//! backoff is in charge and every retry shows in its metrics.
+
+mod errors;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_autoscaling::types::{AutoScalingGroup, Filter as AsgFilter, Tag as AsgTag};
+use aws_sdk_ec2::types::{Filter, InstanceStateName, RequestLaunchTemplateData, Tag};
+
+use super::{
+    CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, GroupRole, InstanceState,
+    ScalingGroup,
+};
+use errors::sdk_error;
+
+/// The cluster tag on the cluster's Auto Scaling groups (Constellation's).
+pub const CLUSTER_TAG: &str = "constellation-uid";
+/// The role tag: `control-plane` (or `controlplane`) or `worker`.
+pub const ROLE_TAG: &str = "constellation-role";
+/// The node group tag (the ScalingGroup's nodeGroupName).
+pub const NODE_GROUP_TAG: &str = "constellation-node-group";
+/// The tag an instance created for a request carries: its idempotency key.
+pub const REQUEST_TAG: &str = "nodewarden.dev/request-id";
+/// A group's tag recording a create in flight: `<request-id>` → the
+/// desired capacity before it, so a create cut off by a crash is found.
+pub const INTENT_TAG_PREFIX: &str = "nodewarden.dev/create-";
+
+/// How the provider reaches AWS.
+#[derive(Clone, Debug, Default)]
+pub struct AwsConfig {
+    /// The cluster's `constellation-uid`: only its groups are listed.
+    pub cluster_uid: String,
+    /// Another endpoint for every service (moto, LocalStack); else the
+    /// SDK's (`AWS_ENDPOINT_URL` is honoured by the SDK too).
+    pub endpoint: Option<String>,
+    /// The region; else the SDK's chain (`AWS_REGION`, profile, IMDS).
+    pub region: Option<String>,
+    /// Fixed credentials (access key id, secret) for an emulator; else the
+    /// SDK's chain (env, web identity / IRSA, profile, instance profile).
+    pub static_credentials: Option<(String, String)>,
+}
+
+/// Auto Scaling groups and EC2 instances of one cluster.
+pub struct AwsProvider {
+    asg: aws_sdk_autoscaling::Client,
+    ec2: aws_sdk_ec2::Client,
+    cluster_uid: String,
+    /// Creates in one group run one at a time: "desired + 1" read and
+    /// written by two at once would start one instance for two requests.
+    create_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// How long a create waits for its instance to show in the group.
+    appear_timeout: Duration,
+}
+
+impl AwsProvider {
+    /// A provider from the SDK's standard chains (credentials: env, web
+    /// identity / IRSA, profile, instance profile; region likewise).
+    pub async fn new(config: AwsConfig) -> Result<AwsProvider, CloudError> {
+        use aws_smithy_http_client::tls;
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+            .build_https();
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(http)
+            .retry_config(aws_config::retry::RetryConfig::disabled())
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .operation_timeout(errors::OPERATION_TIMEOUT)
+                    .connect_timeout(Duration::from_secs(5))
+                    .build(),
+            );
+        if let Some(endpoint) = &config.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        if let Some((id, secret)) = &config.static_credentials {
+            let credentials =
+                aws_sdk_ec2::config::Credentials::new(id, secret, None, None, "nodewarden-static");
+            loader = loader.credentials_provider(credentials);
+        }
+        if let Some(region) = &config.region {
+            loader = loader.region(aws_config::Region::new(region.clone()));
+        }
+        let sdk = loader.load().await;
+        if sdk.region().is_none() {
+            return Err(CloudError::Config(
+                "no AWS region: set AWS_REGION or --aws-region".into(),
+            ));
+        }
+        if config.cluster_uid.is_empty() {
+            return Err(CloudError::Config("no cluster uid (--aws-cluster-uid)".into()));
+        }
+        Ok(AwsProvider {
+            asg: aws_sdk_autoscaling::Client::new(&sdk),
+            ec2: aws_sdk_ec2::Client::new(&sdk),
+            cluster_uid: config.cluster_uid,
+            create_locks: std::sync::Mutex::default(),
+            appear_timeout: Duration::from_secs(60),
+        })
+    }
+
+    async fn group(&self, name: &str) -> Result<AutoScalingGroup, CloudError> {
+        let out = self
+            .asg
+            .describe_auto_scaling_groups()
+            .auto_scaling_group_names(name)
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, &format!("Auto Scaling group {name}")))?;
+        first(out.auto_scaling_groups, || format!("Auto Scaling group {name}"))
+    }
+
+    /// The group's launch template: (id, version as the group names it).
+    fn template_of(group: &AutoScalingGroup) -> Result<(String, String), CloudError> {
+        let spec = group
+            .launch_template
+            .as_ref()
+            .or_else(|| {
+                group
+                    .mixed_instances_policy
+                    .as_ref()
+                    .and_then(|m| m.launch_template.as_ref())
+                    .and_then(|t| t.launch_template_specification.as_ref())
+            })
+            .ok_or_else(|| {
+                CloudError::InvalidResponse(format!(
+                    "Auto Scaling group {} has no launch template",
+                    group.auto_scaling_group_name.as_deref().unwrap_or("?")
+                ))
+            })?;
+        let id = spec
+            .launch_template_id
+            .clone()
+            .or_else(|| spec.launch_template_name.clone())
+            .unwrap_or_default();
+        Ok((id, spec.version.clone().unwrap_or_else(|| "$Default".into())))
+    }
+
+    async fn template_version(
+        &self,
+        template: &str,
+        version: &str,
+    ) -> Result<aws_sdk_ec2::types::LaunchTemplateVersion, CloudError> {
+        let request = self.ec2.describe_launch_template_versions().versions(version);
+        let request = if template.starts_with("lt-") {
+            request.launch_template_id(template)
+        } else {
+            request.launch_template_name(template)
+        };
+        let out = request
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, &format!("launch template {template}")))?;
+        first(out.launch_template_versions, || {
+            format!("launch template {template} version {version}")
+        })
+    }
+
+    async fn instance(&self, id: &str) -> Result<aws_sdk_ec2::types::Instance, CloudError> {
+        let out = self
+            .ec2
+            .describe_instances()
+            .instance_ids(id)
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, &format!("instance {id}")))?;
+        first(Some(instances_of(out)), || format!("instance {id}"))
+    }
+
+    fn create_lock(&self, group: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.create_locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.entry(group.to_string()).or_default().clone()
+    }
+
+    async fn create(&self, request: &CreateNodeRequest) -> Result<CreatedNode, CloudError> {
+        let lock = self.create_lock(&request.group_id);
+        let _one_at_a_time = lock.lock().await;
+        let group = self.group(&request.group_id).await?;
+        let members: BTreeSet<String> = instance_ids(&group);
+        let intent = request.request_id.as_ref().map(|id| intent_tag(id));
+        if let Some(request_id) = &request.request_id {
+            // Asked before: the instance carries the key, or the group still
+            // records the create a crash cut off.
+            if let Some(found) = self.tagged_instance(&members, request_id).await? {
+                return self.created(&found).await;
+            }
+            if let Some(before) = intent.as_ref().and_then(|t| group_tag(&group, t)) {
+                let before: i32 = before.parse().unwrap_or(i32::MAX);
+                if group.desired_capacity.unwrap_or(0) > before {
+                    let untagged = self.untagged_newest(&members).await?;
+                    if let Some(id) = untagged {
+                        return self.finish_create(&request.group_id, &id, request_id).await;
+                    }
+                }
+            }
+        }
+        let desired = group.desired_capacity.unwrap_or(0);
+        if let (Some(tag), Some(_)) = (&intent, &request.request_id) {
+            self.set_group_tag(&request.group_id, tag, Some(&desired.to_string()))
+                .await?;
+        }
+        self.asg
+            .set_desired_capacity()
+            .auto_scaling_group_name(&request.group_id)
+            .desired_capacity(desired + 1)
+            .honor_cooldown(false)
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, &format!("Auto Scaling group {}", request.group_id)))?;
+        let id = self.wait_new_instance(&request.group_id, &members).await?;
+        match &request.request_id {
+            Some(request_id) => self.finish_create(&request.group_id, &id, request_id).await,
+            None => self.created(&id).await,
+        }
+    }
+
+    /// Tags the new instance with its request and forgets the intent.
+    async fn finish_create(
+        &self,
+        group: &str,
+        id: &str,
+        request_id: &str,
+    ) -> Result<CreatedNode, CloudError> {
+        self.ec2
+            .create_tags()
+            .resources(id)
+            .tags(Tag::builder().key(REQUEST_TAG).value(request_id).build())
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, &format!("instance {id}")))?;
+        self.set_group_tag(group, &intent_tag(request_id), None).await?;
+        self.created(id).await
+    }
+
+    async fn set_group_tag(&self, group: &str, key: &str, value: Option<&str>) -> Result<(), CloudError> {
+        let tag = AsgTag::builder()
+            .resource_id(group)
+            .resource_type("auto-scaling-group")
+            .key(key)
+            .value(value.unwrap_or_default())
+            .propagate_at_launch(false)
+            .build();
+        let what = format!("tags of Auto Scaling group {group}");
+        match value {
+            Some(_) => self
+                .asg
+                .create_or_update_tags()
+                .tags(tag)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| sdk_error(e, &what)),
+            None => self
+                .asg
+                .delete_tags()
+                .tags(tag)
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| sdk_error(e, &what)),
+        }
+    }
+
+    async fn tagged_instance(
+        &self,
+        members: &BTreeSet<String>,
+        request_id: &str,
+    ) -> Result<Option<String>, CloudError> {
+        if members.is_empty() {
+            return Ok(None);
+        }
+        let out = self
+            .ec2
+            .describe_instances()
+            .set_instance_ids(Some(members.iter().cloned().collect()))
+            .filters(
+                Filter::builder()
+                    .name(format!("tag:{REQUEST_TAG}"))
+                    .values(request_id)
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, "the group's instances"))?;
+        Ok(instances_of(out).into_iter().find_map(|i| i.instance_id))
+    }
+
+    /// The most recently launched member without a request tag.
+    async fn untagged_newest(&self, members: &BTreeSet<String>) -> Result<Option<String>, CloudError> {
+        if members.is_empty() {
+            return Ok(None);
+        }
+        let out = self
+            .ec2
+            .describe_instances()
+            .set_instance_ids(Some(members.iter().cloned().collect()))
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, "the group's instances"))?;
+        let mut untagged: Vec<(aws_sdk_ec2::primitives::DateTime, String)> = instances_of(out)
+            .into_iter()
+            .filter(|i| !i.tags().iter().any(|t| t.key() == Some(REQUEST_TAG)))
+            .filter_map(|i| Some((i.launch_time?, i.instance_id?)))
+            .collect();
+        untagged.sort_by(|a, b| a.0.secs().cmp(&b.0.secs()).then(a.1.cmp(&b.1)));
+        Ok(untagged.pop().map(|(_, id)| id))
+    }
+
+    async fn wait_new_instance(&self, group: &str, before: &BTreeSet<String>) -> Result<String, CloudError> {
+        let deadline = tokio::time::Instant::now() + self.appear_timeout;
+        loop {
+            let now = instance_ids(&self.group(group).await?);
+            if let Some(new) = now.difference(before).next() {
+                return Ok(new.clone());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(CloudError::Timeout {
+                    after: self.appear_timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn created(&self, id: &str) -> Result<CreatedNode, CloudError> {
+        let instance = self.instance(id).await?;
+        let zone = instance
+            .placement
+            .as_ref()
+            .and_then(|p| p.availability_zone.clone())
+            .unwrap_or_default();
+        Ok(CreatedNode {
+            node_name: node_name(&instance),
+            provider_id: format!("aws:///{zone}/{id}"),
+        })
+    }
+
+    async fn group_image_of(&self, name: &str) -> Result<String, CloudError> {
+        let group = self.group(name).await?;
+        let (template, version) = Self::template_of(&group)?;
+        let v = self.template_version(&template, &version).await?;
+        v.launch_template_data
+            .and_then(|d| d.image_id)
+            .ok_or_else(|| CloudError::InvalidResponse(format!("launch template {template} has no ImageId")))
+    }
+
+    async fn set_image(&self, name: &str, image: &str) -> Result<(), CloudError> {
+        let group = self.group(name).await?;
+        let (template, version) = Self::template_of(&group)?;
+        let current = self.template_version(&template, &version).await?;
+        let data = current
+            .launch_template_data
+            .clone()
+            .unwrap_or_else(|| aws_sdk_ec2::types::ResponseLaunchTemplateData::builder().build());
+        if data.image_id.as_deref() == Some(image) {
+            return Ok(());
+        }
+        let request = self
+            .ec2
+            .create_launch_template_version()
+            .source_version(current.version_number.unwrap_or(1).to_string())
+            .launch_template_data(request_data(&data, image))
+            .version_description(format!("nodewarden: image {image}"));
+        let request = if template.starts_with("lt-") {
+            request.launch_template_id(&template)
+        } else {
+            request.launch_template_name(&template)
+        };
+        let created = request
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, &format!("launch template {template}")))?;
+        let number = created
+            .launch_template_version
+            .and_then(|v| v.version_number)
+            .ok_or_else(|| CloudError::InvalidResponse("a new template version without a number".into()))?;
+        let modify = self
+            .ec2
+            .modify_launch_template()
+            .default_version(number.to_string());
+        let modify = if template.starts_with("lt-") {
+            modify.launch_template_id(&template)
+        } else {
+            modify.launch_template_name(&template)
+        };
+        modify
+            .send()
+            .await
+            .map_err(|e| sdk_error(e, &format!("launch template {template}")))?;
+        Ok(())
+    }
+
+    async fn groups(&self) -> Result<Vec<ScalingGroup>, CloudError> {
+        let mut out = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let page = self
+                .asg
+                .describe_auto_scaling_groups()
+                .filters(
+                    AsgFilter::builder()
+                        .name(format!("tag:{CLUSTER_TAG}"))
+                        .values(&self.cluster_uid)
+                        .build(),
+                )
+                .set_next_token(next.clone())
+                .send()
+                .await
+                .map_err(|e| sdk_error(e, "Auto Scaling groups"))?;
+            for g in page.auto_scaling_groups.unwrap_or_default() {
+                let name = g.auto_scaling_group_name.clone().unwrap_or_default();
+                let role = match group_tag(&g, ROLE_TAG).as_deref() {
+                    Some("control-plane" | "controlplane" | "ControlPlane") => GroupRole::ControlPlane,
+                    _ => GroupRole::Worker,
+                };
+                out.push(ScalingGroup {
+                    id: name.clone(),
+                    role,
+                    name: group_tag(&g, NODE_GROUP_TAG).unwrap_or_else(|| name.clone()),
+                    size: u32::try_from(instance_ids(&g).len()).unwrap_or(0),
+                    image: self.group_image_of(&name).await?,
+                });
+            }
+            next = page.next_token;
+            if next.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+/// The first item of a list answer, or NotFound naming `what`.
+fn first<T>(items: Option<Vec<T>>, what: impl FnOnce() -> String) -> Result<T, CloudError> {
+    items
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .ok_or_else(|| CloudError::NotFound { what: what() })
+}
+
+/// The instances of a DescribeInstances answer.
+fn instances_of(
+    out: aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput,
+) -> Vec<aws_sdk_ec2::types::Instance> {
+    out.reservations
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|r| r.instances.unwrap_or_default())
+        .collect()
+}
+
+/// `aws:///<zone>/<instance-id>` → the instance id.
+pub fn instance_id(provider_id: &str) -> Result<&str, CloudError> {
+    let invalid = |reason: &str| CloudError::InvalidProviderId {
+        provider_id: provider_id.to_string(),
+        reason: reason.to_string(),
+    };
+    let rest = provider_id
+        .strip_prefix("aws://")
+        .ok_or_else(|| invalid("not aws://"))?;
+    let id = rest.rsplit('/').next().unwrap_or_default();
+    if id.starts_with("i-") {
+        Ok(id)
+    } else {
+        Err(invalid("no instance id (i-...) at its end"))
+    }
+}
+
+/// What EC2 says of an instance, as a PendingNode's state. Not found is
+/// the caller's to judge (see the trait).
+pub fn state_of(name: Option<&InstanceStateName>) -> InstanceState {
+    match name {
+        Some(InstanceStateName::Pending) => InstanceState::Creating,
+        Some(InstanceStateName::Running) => InstanceState::Ready,
+        Some(InstanceStateName::ShuttingDown) => InstanceState::Terminating,
+        Some(InstanceStateName::Stopping | InstanceStateName::Stopped) => InstanceState::Stopped,
+        Some(InstanceStateName::Terminated) => InstanceState::Terminated,
+        _ => InstanceState::Unknown,
+    }
+}
+
+/// The group's instances not on their way out.
+fn instance_ids(group: &AutoScalingGroup) -> BTreeSet<String> {
+    group
+        .instances()
+        .iter()
+        .filter(|i| {
+            !i.lifecycle_state()
+                .is_some_and(|s| s.as_str().starts_with("Terminat"))
+        })
+        .filter_map(|i| i.instance_id.clone())
+        .collect()
+}
+
+fn group_tag(group: &AutoScalingGroup, key: &str) -> Option<String> {
+    group
+        .tags()
+        .iter()
+        .find(|t| t.key() == Some(key))
+        .and_then(|t| t.value.clone())
+}
+
+fn intent_tag(request_id: &str) -> String {
+    // Tag keys are at most 128 characters.
+    let key = format!("{INTENT_TAG_PREFIX}{request_id}");
+    key.chars().take(128).collect()
+}
+
+/// The name the instance's Node gets: its private DNS name (what the AWS
+/// cloud provider names nodes), else its id.
+fn node_name(instance: &aws_sdk_ec2::types::Instance) -> String {
+    instance
+        .private_dns_name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| instance.instance_id.clone())
+        .unwrap_or_default()
+}
+
+/// A new template version's data: the current settings with a new image.
+/// SourceVersion carries the rest on AWS; the settings an instance needs
+/// are sent in full too, for endpoints that ignore SourceVersion.
+fn request_data(
+    data: &aws_sdk_ec2::types::ResponseLaunchTemplateData,
+    image: &str,
+) -> RequestLaunchTemplateData {
+    RequestLaunchTemplateData::builder()
+        .image_id(image)
+        .set_instance_type(data.instance_type.clone())
+        .set_key_name(data.key_name.clone())
+        .set_user_data(data.user_data.clone())
+        .set_security_group_ids(data.security_group_ids.clone())
+        .set_iam_instance_profile(data.iam_instance_profile.as_ref().map(|p| {
+            aws_sdk_ec2::types::LaunchTemplateIamInstanceProfileSpecificationRequest::builder()
+                .set_arn(p.arn.clone())
+                .set_name(p.name.clone())
+                .build()
+        }))
+        .build()
+}
+
+impl CloudProvider for AwsProvider {
+    fn name(&self) -> &str {
+        "aws"
+    }
+
+    fn create_node<'a>(&'a self, request: &'a CreateNodeRequest) -> CloudFuture<'a, CreatedNode> {
+        Box::pin(self.create(request))
+    }
+
+    fn delete_node<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, ()> {
+        Box::pin(async move {
+            let id = instance_id(provider_id)?;
+            let result = self
+                .asg
+                .terminate_instance_in_auto_scaling_group()
+                .instance_id(id)
+                .should_decrement_desired_capacity(true)
+                .send()
+                .await;
+            match result.map_err(|e| sdk_error(e, &format!("instance {id}"))) {
+                Ok(_) => Ok(()),
+                // Already gone (or never in a group): nothing left to delete.
+                Err(CloudError::NotFound { .. }) => Ok(()),
+                Err(CloudError::Rejected { message, .. }) if message.contains("not found") => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
+        Box::pin(async move {
+            let id = instance_id(provider_id)?;
+            let out = self
+                .ec2
+                .describe_instance_status()
+                .instance_ids(id)
+                .include_all_instances(true)
+                .send()
+                .await
+                .map_err(|e| sdk_error(e, &format!("instance {id}")))?;
+            let status = out.instance_statuses.unwrap_or_default().into_iter().next();
+            match status {
+                Some(s) => Ok(state_of(s.instance_state.and_then(|s| s.name).as_ref())),
+                None => Err(CloudError::NotFound {
+                    what: format!("instance {id}"),
+                }),
+            }
+        })
+    }
+
+    fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
+        Box::pin(async move {
+            let id = instance_id(provider_id)?;
+            self.instance(id)
+                .await?
+                .image_id
+                .ok_or_else(|| CloudError::InvalidResponse(format!("instance {id} has no ImageId")))
+        })
+    }
+
+    fn node_group<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
+        Box::pin(async move {
+            let id = instance_id(provider_id)?;
+            let out = self
+                .asg
+                .describe_auto_scaling_instances()
+                .instance_ids(id)
+                .send()
+                .await
+                .map_err(|e| sdk_error(e, &format!("instance {id}")))?;
+            out.auto_scaling_instances
+                .unwrap_or_default()
+                .into_iter()
+                .find_map(|i| i.auto_scaling_group_name)
+                .ok_or_else(|| CloudError::NotFound {
+                    what: format!("the Auto Scaling group of instance {id}"),
+                })
+        })
+    }
+
+    fn group_image<'a>(&'a self, group_id: &'a str) -> CloudFuture<'a, String> {
+        Box::pin(self.group_image_of(group_id))
+    }
+
+    fn set_group_image<'a>(&'a self, group_id: &'a str, image: &'a str) -> CloudFuture<'a, ()> {
+        Box::pin(self.set_image(group_id, image))
+    }
+
+    fn list_groups(&self) -> CloudFuture<'_, Vec<ScalingGroup>> {
+        Box::pin(self.groups())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_ids() {
+        assert_eq!(instance_id("aws:///us-east-1a/i-0abc").ok(), Some("i-0abc"));
+        assert!(instance_id("gce://p/z/i").is_err());
+        assert!(instance_id("aws:///us-east-1a/").is_err());
+    }
+
+    #[test]
+    fn instance_states_stay_distinct() {
+        for (name, state) in [
+            (InstanceStateName::Pending, InstanceState::Creating),
+            (InstanceStateName::Running, InstanceState::Ready),
+            (InstanceStateName::ShuttingDown, InstanceState::Terminating),
+            (InstanceStateName::Stopped, InstanceState::Stopped),
+            (InstanceStateName::Terminated, InstanceState::Terminated),
+        ] {
+            assert_eq!(state_of(Some(&name)), state, "{name:?}");
+        }
+        assert_eq!(state_of(None), InstanceState::Unknown);
+    }
+
+    #[test]
+    fn intent_tags_fit_aws_limits() {
+        assert!(intent_tag(&"x".repeat(300)).len() <= 128);
+        assert!(intent_tag("pn-1").starts_with(INTENT_TAG_PREFIX));
+    }
+}

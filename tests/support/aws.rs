@@ -1,0 +1,305 @@
+//! AWS in tests: moto's server (pinned, `e2e/moto/moto.sh`), Auto Scaling
+//! groups made through the SDK as Constellation's installer makes them,
+//! and a joiner that plays the kubelets: each running instance of the
+//! cluster becomes a kwok Node with its provider ID and image after a boot
+//! delay, and its Node goes when the instance is terminated.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use aws_sdk_autoscaling::types::{LaunchTemplateSpecification, Tag as AsgTag};
+use aws_sdk_ec2::types::{InstanceStateName, RequestLaunchTemplateData};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodewarden::cloud::GroupRole;
+use nodewarden::simcloud::model::JoinJob;
+use tokio_util::sync::CancellationToken;
+
+use super::RUN_LABEL;
+
+/// The region the tests use (moto accepts any).
+pub const REGION: &str = "us-east-1";
+/// moto accepts any credentials.
+pub const KEY: (&str, &str) = ("testing", "testing");
+
+/// A moto server of one test, stopped on drop.
+pub struct Moto {
+    dir: tempfile::TempDir,
+    pub endpoint: String,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/moto/moto.sh")
+}
+
+impl Moto {
+    pub fn start() -> Moto {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let out = Command::new(script())
+            .arg("start")
+            .arg(dir.path())
+            .output()
+            .expect("running e2e/moto/moto.sh");
+        assert!(
+            out.status.success(),
+            "starting moto failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let endpoint = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        Moto { dir, endpoint }
+    }
+
+    /// Stops the server (SIGTERM); `resume` starts it again on the same port
+    /// is not possible with moto (state is in memory), so outages are
+    /// played with `pause`/`resume` (SIGSTOP/SIGCONT) instead.
+    pub fn signal(&self, signal: &str) {
+        let pid = std::fs::read_to_string(self.dir.path().join("pid")).expect("moto's pid");
+        let status = Command::new("kill")
+            .args([signal, pid.trim()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// An SDK configuration for this server.
+    pub async fn sdk(&self) -> aws_config::SdkConfig {
+        use aws_smithy_http_client::tls;
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+            .build_https();
+        aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(http)
+            .endpoint_url(&self.endpoint)
+            .region(aws_config::Region::new(REGION))
+            .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+                KEY.0, KEY.1, None, None, "test",
+            ))
+            .load()
+            .await
+    }
+
+    /// The provider configuration nodewarden gets for this server.
+    pub fn provider_config(&self, cluster_uid: &str) -> nodewarden::cloud::aws::AwsConfig {
+        nodewarden::cloud::aws::AwsConfig {
+            cluster_uid: cluster_uid.to_string(),
+            endpoint: Some(self.endpoint.clone()),
+            region: Some(REGION.into()),
+            static_credentials: Some((KEY.0.into(), KEY.1.into())),
+        }
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = Command::new(script()).arg("stop").arg(self.dir.path()).output();
+    }
+}
+
+/// A launch template on `image` and an Auto Scaling group of `size` from it,
+/// tagged for the cluster (`constellation-uid`, `-role`, `-node-group`,
+/// propagated to the instances).
+pub async fn create_group(
+    sdk: &aws_config::SdkConfig,
+    uid: &str,
+    name: &str,
+    role: &str,
+    size: i32,
+    image: &str,
+) {
+    let ec2 = aws_sdk_ec2::Client::new(sdk);
+    let template = ec2
+        .create_launch_template()
+        .launch_template_name(format!("{name}-template"))
+        .launch_template_data(
+            RequestLaunchTemplateData::builder()
+                .image_id(image)
+                .instance_type(aws_sdk_ec2::types::InstanceType::T3Small)
+                .build(),
+        )
+        .send()
+        .await
+        .expect("a launch template");
+    let id = template
+        .launch_template
+        .and_then(|t| t.launch_template_id)
+        .expect("a template id");
+    let tag = |k: &str, v: &str| {
+        AsgTag::builder()
+            .key(k)
+            .value(v)
+            .propagate_at_launch(true)
+            .build()
+    };
+    aws_sdk_autoscaling::Client::new(sdk)
+        .create_auto_scaling_group()
+        .auto_scaling_group_name(name)
+        .launch_template(
+            LaunchTemplateSpecification::builder()
+                .launch_template_id(id)
+                .version("$Default")
+                .build(),
+        )
+        .availability_zones(format!("{REGION}a"))
+        .min_size(0)
+        .max_size(20)
+        .desired_capacity(size)
+        .tags(tag("constellation-uid", uid))
+        .tags(tag("constellation-role", role))
+        .tags(tag("constellation-node-group", name))
+        .send()
+        .await
+        .expect("an Auto Scaling group");
+}
+
+/// The cluster's instances as EC2 shows them: id → (state, image, zone,
+/// private DNS name, role tag, group).
+pub type Instances = BTreeMap<String, (InstanceStateName, String, String, String, String)>;
+
+pub async fn instances(ec2: &aws_sdk_ec2::Client, uid: &str) -> Result<Instances, String> {
+    let out = ec2
+        .describe_instances()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("tag:constellation-uid")
+                .values(uid)
+                .build(),
+        )
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let mut all = Instances::new();
+    for i in out
+        .reservations
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|r| r.instances.unwrap_or_default())
+    {
+        let tag = |k: &str| {
+            i.tags()
+                .iter()
+                .find(|t| t.key() == Some(k))
+                .and_then(|t| t.value.clone())
+                .unwrap_or_default()
+        };
+        let value = (
+            i.state
+                .as_ref()
+                .and_then(|s| s.name.clone())
+                .unwrap_or(InstanceStateName::Pending),
+            i.image_id.clone().unwrap_or_default(),
+            i.placement
+                .as_ref()
+                .and_then(|p| p.availability_zone.clone())
+                .unwrap_or_default(),
+            i.private_dns_name.clone().unwrap_or_default(),
+            tag("constellation-role"),
+        );
+        all.insert(i.instance_id.clone().unwrap_or_default(), value);
+    }
+    Ok(all)
+}
+
+/// Plays the kubelets until stopped: a running instance's Node appears
+/// `boot` after the joiner first sees it; a terminated instance's Node goes.
+pub async fn join(
+    client: Client,
+    sdk: aws_config::SdkConfig,
+    run_id: String,
+    uid: String,
+    boot: Duration,
+    stop: CancellationToken,
+) {
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let nodes: Api<Node> = Api::all(client);
+    let mut first_seen: BTreeMap<String, tokio::time::Instant> = BTreeMap::new();
+    let mut joined: BTreeMap<String, String> = BTreeMap::new();
+    while !stop.is_cancelled() {
+        if let Ok(all) = instances(&ec2, &uid).await {
+            for (id, (state, image, zone, dns, role)) in &all {
+                match state {
+                    InstanceStateName::Running if !joined.contains_key(id) => {
+                        let seen = *first_seen
+                            .entry(id.clone())
+                            .or_insert_with(tokio::time::Instant::now);
+                        if seen.elapsed() < boot {
+                            continue;
+                        }
+                        let node = node_for(&run_id, id, image, zone, dns, role);
+                        match nodes.create(&PostParams::default(), &node).await {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(s)) if s.code == 409 => {}
+                            Err(_) => continue,
+                        }
+                        joined.insert(id.clone(), node.name_any());
+                    }
+                    InstanceStateName::Terminated | InstanceStateName::ShuttingDown => {
+                        if let Some(name) = joined.remove(id) {
+                            let _ = nodes.delete(&name, &DeleteParams::default()).await;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn node_for(run_id: &str, id: &str, image: &str, zone: &str, dns: &str, role: &str) -> Node {
+    let job = JoinJob {
+        instance: if dns.is_empty() {
+            id.to_string()
+        } else {
+            dns.to_string()
+        },
+        group: role.to_string(),
+        role: match role {
+            "control-plane" => GroupRole::ControlPlane,
+            _ => GroupRole::Worker,
+        },
+        image: image.to_string(),
+        labels: BTreeMap::from([(RUN_LABEL.to_string(), run_id.to_string())]),
+    };
+    let mut node = nodewarden::simcloud::nodes::node_for(&job);
+    if let Some(spec) = node.spec.as_mut() {
+        spec.provider_id = Some(format!("aws:///{zone}/{id}"));
+    }
+    node
+}
+
+/// The image of the launch template version the group's template defaults to.
+pub async fn default_image(sdk: &aws_config::SdkConfig, group: &str) -> String {
+    let asg = aws_sdk_autoscaling::Client::new(sdk)
+        .describe_auto_scaling_groups()
+        .auto_scaling_group_names(group)
+        .send()
+        .await
+        .expect("the group");
+    let template = asg
+        .auto_scaling_groups()
+        .first()
+        .and_then(|g| g.launch_template.as_ref())
+        .and_then(|t| t.launch_template_id.clone())
+        .expect("a launch template");
+    let versions = aws_sdk_ec2::Client::new(sdk)
+        .describe_launch_template_versions()
+        .launch_template_id(template)
+        .versions("$Default")
+        .send()
+        .await
+        .expect("the default version");
+    versions
+        .launch_template_versions()
+        .first()
+        .and_then(|v| v.launch_template_data.as_ref())
+        .and_then(|d| d.image_id.clone())
+        .unwrap_or_default()
+}
