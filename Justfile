@@ -58,13 +58,13 @@ cluster-status:
 kubectl *args:
     "$(cat "{{run_dir}}/bin-dir")/kubectl" --kubeconfig "{{run_dir}}/kubeconfig" {{args}}
 
-# Regenerate manifests/crds.yaml from the Rust types.
+# Regenerate manifests/base/crds.yaml from the Rust types.
 crds:
-    cargo run --quiet -- crds > manifests/crds.yaml
+    cargo run --quiet -- crds > manifests/base/crds.yaml
 
-# Fail when manifests/crds.yaml differs from what the Rust types generate.
+# Fail when manifests/base/crds.yaml differs from what the Rust types generate.
 check-crds:
-    diff -u manifests/crds.yaml <(cargo run --quiet -- crds) || { echo "manifests/crds.yaml is stale: run 'just crds'"; exit 1; }
+    diff -u manifests/base/crds.yaml <(cargo run --quiet -- crds) || { echo "manifests/base/crds.yaml is stale: run 'just crds'"; exit 1; }
 
 # Benchmarks (criterion) printing their figures.
 bench:

@@ -91,10 +91,10 @@ struct RunArgs {
     #[arg(long, env = "NODEWARDEN_AWS_ENDPOINT")]
     aws_endpoint: Option<String>,
     /// AWS: the region (default: the SDK's chain, e.g. AWS_REGION).
-    #[arg(long)]
+    #[arg(long, env = "NODEWARDEN_AWS_REGION")]
     aws_region: Option<String>,
     /// Create ScalingGroups following this NodeVersion for cloud groups without one.
-    #[arg(long)]
+    #[arg(long, env = "NODEWARDEN_DISCOVER_SCALING_GROUPS")]
     discover_scaling_groups: Option<String>,
     /// Serve SIPClusters over metal3 BareMetalHosts: auto (when metal3's API
     /// is installed), on or off.

@@ -1,6 +1,8 @@
-//! The deployment manifests (`manifests/*.yaml`) against the real API server:
-//! every document passes a server-side dry-run apply, and the RBAC rules use
-//! no wildcards.
+//! The deployment manifests (`manifests/base/*.yaml` and the cloud overlays
+//! `manifests/aws`, `manifests/sim`) against the real API server: every
+//! document passes a server-side dry-run apply, each overlay renders with
+//! kubectl's kustomize into what it promises, and the RBAC rules use no
+//! wildcards.
 
 mod support;
 
@@ -9,15 +11,19 @@ use std::path::PathBuf;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::Value;
-use support::manifests::{Applied, apply, describe, documents, file_name, is_namespace, to_object};
+use support::manifests::{
+    Applied, apply, describe, documents, file_name, find, generated_config_map, is_namespace, kustomize,
+    to_object,
+};
 
-/// Every `manifests/*.yaml` (not the samples under `manifests/samples/`), sorted.
+/// Every `manifests/base/*.yaml` but its kustomization, sorted.
 fn manifest_files() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("manifests");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("manifests/base");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("reading manifests/")
+        .expect("reading manifests/base/")
         .map(|e| e.expect("a directory entry").path())
         .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     files
@@ -29,7 +35,7 @@ fn all_objects() -> Vec<(String, DynamicObject)> {
     for wanted in ["namespace.yaml", "rbac.yaml", "deployment.yaml", "crds.yaml"] {
         assert!(
             files.iter().any(|f| f.ends_with(wanted)),
-            "manifests/{wanted} is missing (found {files:?})"
+            "manifests/base/{wanted} is missing (found {files:?})"
         );
     }
     let mut objects = Vec::new();
@@ -87,6 +93,89 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         "{} of {} documents fail a server-side dry run:\n{}",
         failures.len(),
         objects.len(),
+        failures.join("\n")
+    );
+}
+
+/// The container args and `envFrom` ConfigMaps of the Deployment an overlay renders.
+fn container(docs: &[Value]) -> (Vec<String>, Vec<String>) {
+    let c = &find(docs, "Deployment", "nodewarden")["spec"]["template"]["spec"]["containers"][0];
+    let args = strings(&c["args"]).into_iter().map(String::from).collect();
+    let from = c["envFrom"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["configMapRef"]["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    (args, from)
+}
+
+#[tokio::test]
+async fn each_cloud_overlay_renders_its_cloud_and_passes_a_server_side_dry_run() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let env = support::TestEnv::new("overlays").await;
+    support::install_crds(&env.client).await;
+
+    let aws = kustomize(&repo.join("manifests/aws"));
+    let sa = find(&aws, "ServiceAccount", "nodewarden");
+    assert!(
+        sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+            .as_str()
+            .is_some_and(|arn| arn.starts_with("arn:aws:iam::")),
+        "the aws overlay's ServiceAccount carries the IRSA role annotation: {sa}"
+    );
+    let (name, data) = generated_config_map(&aws, "nodewarden-aws");
+    for key in [
+        "NODEWARDEN_CLOUD",
+        "AWS_REGION",
+        "NODEWARDEN_AWS_CLUSTER_UID",
+        "NODEWARDEN_DISCOVER_SCALING_GROUPS",
+    ] {
+        assert!(data.contains_key(key), "{name} sets {key}: {data:?}");
+    }
+    assert_eq!(data["NODEWARDEN_CLOUD"], "aws");
+    let (_, from) = container(&aws);
+    assert_eq!(from, vec![name.clone()], "the Deployment reads {name}");
+
+    let sim = kustomize(&repo.join("manifests/sim"));
+    let (args, _) = container(&sim);
+    for wanted in [
+        "--cloud=sim",
+        "--sim-cloud=http://sim-cloud.nodewarden-system:8090",
+    ] {
+        assert!(
+            args.iter().any(|a| a == wanted),
+            "sim overlay args {args:?} lack {wanted}"
+        );
+    }
+    // The base without a cloud: neither argument nor configuration names one.
+    let base = kustomize(&repo.join("manifests/base"));
+    let (args, from) = container(&base);
+    assert!(
+        !args.iter().any(|a| a.starts_with("--cloud")) && from.is_empty(),
+        "the base names no cloud: {args:?} {from:?}"
+    );
+
+    let mut failures = Vec::new();
+    for (overlay, docs) in [("aws", &aws), ("sim", &sim)] {
+        for (i, doc) in docs.iter().enumerate() {
+            let obj = to_object(overlay, i, doc.clone());
+            // Namespaces for real (idempotent, left in place), so the
+            // namespaced objects can be dry-run into them.
+            match apply(&env.client, &obj, !is_namespace(&obj)).await {
+                Ok(Applied::Done(_)) => {}
+                Ok(Applied::NotServed(e)) | Err(e) => {
+                    failures.push(format!("{}: {e}", describe(overlay, &obj)))
+                }
+            }
+        }
+    }
+    env.cleanup().await;
+    assert!(
+        failures.is_empty(),
+        "overlay documents fail a dry run:\n{}",
         failures.join("\n")
     );
 }

@@ -20,7 +20,9 @@ use nodewarden::telemetry::metrics::{
     ResultLabels, SipRoleLabels,
 };
 use serde_json::{Value, json};
-use support::manifests::{Applied, apply, describe, documents, file_name, gvk_of, is_namespace, to_object};
+use support::manifests::{
+    Applied, apply, describe, documents, file_name, find, gvk_of, is_namespace, to_object,
+};
 
 /// API groups whose CRDs the test control plane does not have: objects of
 /// these groups are parsed but only dry-run where the API server serves them.
@@ -168,13 +170,6 @@ async fn kubernetes_objects_pass_a_server_side_dry_run() {
     assert!(dry_run >= 4, "only {dry_run} objects were dry-run");
 }
 
-/// The object of `kind` named `name` among `docs`.
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name}"))
-}
-
 fn container_port_names(deployment: &Value) -> BTreeSet<String> {
     deployment["spec"]["template"]["spec"]["containers"]
         .as_array()
@@ -267,7 +262,7 @@ fn jaeger_is_pinned_and_serves_otlp_and_the_ui() {
 
 #[test]
 fn scrape_configuration_matches_the_deployment() {
-    let manifests = documents(&repo_path("manifests/deployment.yaml"));
+    let manifests = documents(&repo_path("manifests/base/deployment.yaml"));
     let deployment = find(&manifests, "Deployment", "nodewarden");
     let namespace = deployment["metadata"]["namespace"]
         .as_str()

@@ -1,5 +1,5 @@
 //! In-place upgrade Plans in the production shape: three `nodewarden run`
-//! processes as the ServiceAccount of manifests/rbac.yaml, traces exported
+//! processes as the ServiceAccount of manifests/base/rbac.yaml, traces exported
 //! to Jaeger. The leader is SIGKILLed twice while two nodes apply; checkers
 //! watch the plan, its drains and Jobs, the nodes and a PDB throughout; then
 //! every node upgrade's trace is read back from Jaeger and the metrics from

@@ -1,5 +1,5 @@
 //! The production shape on the local control plane: three `nodewarden run`
-//! processes authenticated as the ServiceAccount of manifests/rbac.yaml (and
+//! processes authenticated as the ServiceAccount of manifests/base/rbac.yaml (and
 //! nothing more), exporting traces to a Jaeger built from Go modules. A
 //! rollout runs while the leader is killed twice; the invariant checker
 //! watches throughout; then a SIGTERM handoff; then every replacement's trace

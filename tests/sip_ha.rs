@@ -1,5 +1,5 @@
 //! SIPClusters in the production shape: three `nodewarden run` processes as
-//! the ServiceAccount of manifests/rbac.yaml, traces exported to Jaeger. Two
+//! the ServiceAccount of manifests/base/rbac.yaml, traces exported to Jaeger. Two
 //! SIPClusters are created at once over a pool that fits one; the leader is
 //! SIGKILLed as soon as the first host is claimed. A watch checks that no
 //! host ever changes hands; at the end exactly the winner's hosts carry

@@ -282,7 +282,36 @@ async fn defaults_status_and_printer_columns_work_on_the_server() {
     created.push((dyn_versions.clone(), plain.clone()));
     let got = versions.get(&plain).await.expect("the NodeVersion");
     assert_eq!(got.spec.rollout, Rollout::default());
-    assert_eq!(got.spec.rollout.limits_for(12).max_surge, 1);
+    assert_eq!(got.spec.rollout_limits(12).max_surge, 1);
+
+    // Upstream's maxNodeBudget is the surge while maxSurge is unset; an
+    // explicit maxSurge wins.
+    for (suffix, spec, want_surge) in [
+        ("budget", json!({"image": image, "maxNodeBudget": 3}), 3),
+        ("budget-zero", json!({"image": image, "maxNodeBudget": 0}), 1),
+        (
+            "budget-and-surge",
+            json!({"image": image, "maxNodeBudget": 3, "rollout": {"maxSurge": 2}}),
+            2,
+        ),
+        (
+            "budget-and-rollout",
+            json!({"image": image, "maxNodeBudget": 4, "rollout": {"maxUnavailable": 1}}),
+            4,
+        ),
+    ] {
+        let name = env.name(suffix);
+        dyn_versions
+            .create(
+                &PostParams::default(),
+                &object(&env, "NodeVersion", &name, spec.clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("a NodeVersion with {spec}: {e}"));
+        created.push((dyn_versions.clone(), name.clone()));
+        let got = versions.get(&name).await.expect("the NodeVersion");
+        assert_eq!(got.spec.rollout_limits(12).max_surge, want_surge, "{spec}");
+    }
 
     // A partial rollout (and a null) is completed with the defaults.
     let partial = env.name("partial");
@@ -298,12 +327,12 @@ async fn defaults_status_and_printer_columns_work_on_the_server() {
     created.push((dyn_versions.clone(), partial.clone()));
     let got = versions.get(&partial).await.expect("the NodeVersion");
     let rollout = &got.spec.rollout;
-    assert_eq!(rollout.max_surge, IntOrString::String("25%".into()));
+    assert_eq!(rollout.max_surge, Some(IntOrString::String("25%".into())));
     assert_eq!(rollout.max_unavailable, IntOrString::Int(0));
     assert!(rollout.control_plane_first);
     assert_eq!(rollout.join_timeout(), Duration::from_secs(30 * 60));
     assert_eq!(rollout.drain_timeout(), Some(Duration::from_secs(5400)));
-    assert_eq!(rollout.max_surge_for(12), 3);
+    assert_eq!(rollout.max_surge_for(12, 1), 3);
 
     // Surge 0 is fine when nodes may be unavailable instead.
     let in_place = env.name("in-place");

@@ -88,7 +88,7 @@ reset_objects() {
 }
 
 # service_account_kubeconfig: the replicas authenticate as the ServiceAccount of
-# manifests/rbac.yaml (a 2 h token), exactly as the pods of the Deployment would.
+# manifests/base/rbac.yaml (a 2 h token), exactly as the pods of the Deployment would.
 service_account_kubeconfig() {
   local token
   token=$(k -n "$SYSTEM_NS" create token nodewarden --duration=2h)
@@ -308,10 +308,10 @@ demo() {
 
   say "installing the CRDs, namespaces and RBAC; removing a previous demo's objects"
   # (kubectl's warnings about the CRDs' schema formats are noise here; errors still show.)
-  k apply --server-side --force-conflicts -f "$repo/manifests/crds.yaml" >/dev/null 2>"$run/crds.log" ||
+  k apply --server-side --force-conflicts -f "$repo/manifests/base/crds.yaml" >/dev/null 2>"$run/crds.log" ||
     { cat "$run/crds.log" >&2; die "installing the CRDs failed"; }
-  k wait --for condition=established --timeout=60s -f "$repo/manifests/crds.yaml" >/dev/null
-  k apply -f "$repo/manifests/namespace.yaml" -f "$repo/manifests/rbac.yaml" >/dev/null
+  k wait --for condition=established --timeout=60s -f "$repo/manifests/base/crds.yaml" >/dev/null
+  k apply -f "$repo/manifests/base/namespace.yaml" -f "$repo/manifests/base/rbac.yaml" >/dev/null
   reset_objects
   service_account_kubeconfig
 

@@ -126,11 +126,11 @@ phase "kwok installed" install_kwok
 # --- nodewarden's namespaces, CRDs and RBAC, the sim-cloud, Jaeger ------------------
 has_jaeger_pods() { [ -n "$(kubectl -n observability get pods -o name)" ]; }
 install_base() {
-  say "applying manifests/namespace.yaml, crds.yaml, rbac.yaml"
-  kubectl apply -f "$repo/manifests/namespace.yaml" >/dev/null
-  kubectl apply --server-side --force-conflicts -f "$repo/manifests/crds.yaml" >/dev/null
-  kubectl wait --for=condition=Established -f "$repo/manifests/crds.yaml" --timeout=60s >/dev/null
-  kubectl apply -f "$repo/manifests/rbac.yaml" >/dev/null
+  say "applying manifests/base/namespace.yaml, crds.yaml, rbac.yaml"
+  kubectl apply -f "$repo/manifests/base/namespace.yaml" >/dev/null
+  kubectl apply --server-side --force-conflicts -f "$repo/manifests/base/crds.yaml" >/dev/null
+  kubectl wait --for=condition=Established -f "$repo/manifests/base/crds.yaml" --timeout=60s >/dev/null
+  kubectl apply -f "$repo/manifests/base/rbac.yaml" >/dev/null
 
   say "deploying the sim-cloud"
   kubectl apply -f "$here/sim-cloud.yaml" >/dev/null
@@ -152,8 +152,9 @@ phase "namespaces, CRDs, RBAC, sim-cloud and Jaeger" install_base
 
 # --- nodewarden -------------------------------------------------------------------
 deploy_nodewarden() {
-  say "deploying nodewarden (manifests/deployment.yaml patched by e2e/kind/kustomization.yaml)"
-  kubectl kustomize --load-restrictor=LoadRestrictionsNone "$here" | kubectl apply -f - >/dev/null
+  say "deploying nodewarden (the manifests/sim overlay patched by e2e/kind/kustomization.yaml)"
+  kubectl kustomize --load-restrictor=LoadRestrictionsNone "$here" |
+    kubectl apply --server-side --force-conflicts -f - >/dev/null
   [ "$reused" = 0 ] || kubectl -n "$E2E_NS" rollout restart deploy/nodewarden >/dev/null
   kubectl -n "$E2E_NS" rollout status deploy/nodewarden --timeout=300s
   local ready

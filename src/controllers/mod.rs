@@ -4,6 +4,7 @@
 
 pub mod autoscaling_strategy;
 pub mod joining_node;
+pub mod no_cloud;
 pub mod node_maintenance;
 pub mod node_version;
 pub mod pending_node;
@@ -110,7 +111,8 @@ pub fn spawn_event(
 }
 
 /// Registers every controller that `app` can run: maintenance and upgrade
-/// plans always, the rolling replacement when a cloud is configured.
+/// plans always, the rolling replacement when a cloud is configured (else
+/// NodeVersions are told that none is).
 pub fn register_all(manager: &mut Manager, app: &App) {
     manager.transform::<Node>(crate::runtime::reflector::strip_node);
     node_maintenance::register(manager, app);
@@ -124,6 +126,8 @@ pub fn register_all(manager: &mut Manager, app: &App) {
         scaling_group::register(manager, app);
         autoscaling_strategy::register(manager, app);
         joining_node::register(manager, app);
+    } else {
+        no_cloud::register(manager, app);
     }
 }
 

@@ -299,7 +299,7 @@ impl NodeVersionReconciler {
         let scope = self.scope(nv);
         let joins = self.settle_joins(nv, &scope).await?;
         let node_facts = self.node_facts(nv, &scope, &joins);
-        let limits = nv.spec.rollout.limits_for(node_facts.len());
+        let limits = nv.spec.rollout_limits(node_facts.len());
         let facts = Facts {
             groups: &scope.groups,
             nodes: &node_facts,

@@ -516,12 +516,16 @@ pub fn register_discovery(manager: &mut Manager, app: &App, node_version: String
     };
     let groups = manager.store::<ScalingGroup>(&app.objects);
     let client = app.client.clone();
+    // A discovered group must match --object-selector, or no controller
+    // (and not the next discovery) would ever see it.
+    let labels = app.objects.required_labels();
     manager.add_task(Box::new(move |leader, stop| {
         Box::pin(discover_while_leading(
             client,
             cloud,
             groups,
             node_version,
+            labels,
             leader,
             stop,
         ))
@@ -533,6 +537,7 @@ async fn discover_while_leading(
     cloud: Arc<dyn CloudProvider>,
     groups: Store<ScalingGroup>,
     node_version: String,
+    labels: BTreeMap<String, String>,
     leader: LeaderHandle,
     stop: CancellationToken,
 ) {
@@ -543,15 +548,7 @@ async fn discover_while_leading(
             changed = leading.wait_for(|l| *l) => if changed.is_err() { return },
         }
         if leader.is_leader() {
-            match discover_and_create(
-                &client,
-                cloud.as_ref(),
-                &groups,
-                &node_version,
-                &Default::default(),
-            )
-            .await
-            {
+            match discover_and_create(&client, cloud.as_ref(), &groups, &node_version, &labels).await {
                 Ok(created) if !created.is_empty() => tracing::info!(?created, "discovered scaling groups"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "scaling group discovery failed"),

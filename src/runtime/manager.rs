@@ -61,6 +61,26 @@ impl Source {
             ..Source::default()
         }
     }
+
+    /// The labels an object needs to be seen through this source: the
+    /// selector's `key=value` (or `key==value`) terms. Set-based and negated
+    /// terms (`in`, `!=`, `!key`) name no single value and are left out; an
+    /// object created with these labels still fails such a term only when
+    /// the selector excludes it on purpose.
+    pub fn required_labels(&self) -> std::collections::BTreeMap<String, String> {
+        let Some(selector) = self.label_selector.as_deref() else {
+            return Default::default();
+        };
+        selector
+            .split(',')
+            .filter(|term| !term.contains("!=") && !term.contains('(') && !term.contains(')'))
+            .filter_map(|term| {
+                let (key, value) = term.split_once("==").or_else(|| term.split_once('='))?;
+                Some((key.trim().to_string(), value.trim().to_string()))
+            })
+            .filter(|(key, _)| !key.is_empty())
+            .collect()
+    }
 }
 
 /// A task the Manager runs: given the leader handle and its stop token.
@@ -362,5 +382,29 @@ impl<K: Object> ControllerBuilder<'_, K> {
         manager.add_task(Box::new(move |leader, stop| {
             Box::pin(controller.run(leader, stop))
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn required_labels_are_the_equality_terms() {
+        type Case<'a> = (Option<&'a str>, &'a [(&'a str, &'a str)]);
+        let cases: [Case; 6] = [
+            (None, &[]),
+            (Some("run=abc"), &[("run", "abc")]),
+            (Some("run==abc, team=infra"), &[("run", "abc"), ("team", "infra")]),
+            (Some("run=abc,tier!=edge"), &[("run", "abc")]),
+            (Some("env in (a,b),run=x"), &[("run", "x")]),
+            (Some("!legacy"), &[]),
+        ];
+        for (selector, want) in cases {
+            let got = Source::labelled(selector.map(String::from)).required_labels();
+            let want: std::collections::BTreeMap<String, String> =
+                want.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            assert_eq!(got, want, "{selector:?}");
+        }
     }
 }

@@ -120,3 +120,50 @@ pub async fn apply_manifest(client: &Client, path: &Path) {
         }
     }
 }
+
+/// The objects `kubectl kustomize <dir>` renders (the pinned kubectl of the
+/// local control plane, whose kustomize is what `kubectl apply -k` runs).
+pub fn kustomize(dir: &Path) -> Vec<Value> {
+    let cp = super::control_plane();
+    let bin_dir = std::fs::read_to_string(cp.run_dir.join("bin-dir")).expect("the control plane's bin-dir");
+    let out = std::process::Command::new(Path::new(bin_dir.trim()).join("kubectl"))
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("running kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {} failed:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_norway::Deserializer::from_slice(&out.stdout)
+        .map(|doc| Value::deserialize(doc).expect("kustomize prints YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The document of `kind` named `name` among `docs`.
+pub fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// The data of the ConfigMap whose name starts with `prefix` (a
+/// configMapGenerator adds a hash suffix).
+pub fn generated_config_map(docs: &[Value], prefix: &str) -> (String, serde_json::Map<String, Value>) {
+    let cm = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ConfigMap"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(prefix))
+        })
+        .unwrap_or_else(|| panic!("no ConfigMap {prefix}-*"));
+    (
+        cm["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        cm["data"].as_object().cloned().unwrap_or_default(),
+    )
+}

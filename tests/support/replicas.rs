@@ -1,6 +1,6 @@
 //! nodewarden as it runs in production: `nodewarden run` processes (the
 //! replicas of one Deployment) authenticated as the ServiceAccount of
-//! manifests/rbac.yaml and nothing more, killed, restarted and stopped the
+//! manifests/base/rbac.yaml and nothing more, killed, restarted and stopped the
 //! way a kubelet does.
 
 use std::collections::BTreeMap;
@@ -21,13 +21,13 @@ use tokio::process::{Child, Command};
 pub const SYSTEM_NAMESPACE: &str = "nodewarden-system";
 
 /// A kubeconfig that authenticates as nodewarden's ServiceAccount, bound only
-/// to the roles of manifests/rbac.yaml.
+/// to the roles of manifests/base/rbac.yaml.
 pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf {
     for file in ["namespace.yaml", "rbac.yaml"] {
         super::apply_manifest(
             client,
             &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("manifests")
+                .join("manifests/base")
                 .join(file),
         )
         .await;

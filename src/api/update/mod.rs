@@ -65,4 +65,6 @@ pub mod reason {
     pub const INVALID_NODES: &str = "InvalidNodes";
     /// Degraded=True: the cloud provider keeps refusing or failing requests.
     pub const CLOUD_ERROR: &str = "CloudError";
+    /// Progressing=False, Degraded=True: nodewarden runs without a cloud provider.
+    pub const NO_CLOUD_PROVIDER: &str = "NoCloudProvider";
 }

@@ -75,6 +75,27 @@ pub struct NodeVersionSpec {
     /// How fast the rollout may go (nodewarden only; absent: one node at a time, like Constellation).
     #[serde(default)]
     pub rollout: Rollout,
+    /// Nodes replaced at once (upstream Constellation's field): the surge when
+    /// spec.rollout.maxSurge is unset. Unset or 0: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // int32: the API server knows no "uint32" format (and warns on every apply).
+    #[schemars(extend("format" = "int32"))]
+    pub max_node_budget: Option<u32>,
+}
+
+impl NodeVersionSpec {
+    /// The surge when spec.rollout.maxSurge is unset: maxNodeBudget, at least 1.
+    pub fn unset_surge(&self) -> usize {
+        self.max_node_budget
+            .filter(|n| *n > 0)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(1)
+    }
+
+    /// The rollout's limits over `total` nodes (maxNodeBudget standing in for an unset maxSurge).
+    pub fn rollout_limits(&self, total: usize) -> super::rollout::RolloutLimits {
+        self.rollout.limits_for(total, self.unset_surge())
+    }
 }
 
 /// What the rollout controller saw at its last reconcile.

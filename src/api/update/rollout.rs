@@ -38,14 +38,17 @@ const DURATION_RULE: &str = "self.matches('^([0-9]+(\\\\.[0-9]+)?(ms|s|m|h))+$')
     "spec.rollout.maxSurge and spec.rollout.maxUnavailable must not both be 0: the rollout could never progress"
 ))]
 pub struct Rollout {
-    /// Extra nodes at once while replacing: a count or a percentage (rounded up). Default 1.
+    /// Extra nodes at once while replacing: a count or a percentage (rounded up).
+    /// Unset: the NodeVersion's maxNodeBudget, else 1.
     // 1 is Constellation's fixed surge; a percentage is of the nodes this NodeVersion governs.
-    #[serde(default = "default_max_surge")]
+    // No schema default: an unset surge must stay distinguishable from 1 so
+    // upstream's spec.maxNodeBudget can stand in for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new(COUNT_OR_PERCENT_RULE)
         .message("spec.rollout.maxSurge must be a count (0 or more) or a percentage such as 25%"))]
     // Not nullable: null is pruned and defaulted (kube marks optional int-or-strings nullable).
     #[schemars(extend("nullable" = false))]
-    pub max_surge: IntOrString,
+    pub max_surge: Option<IntOrString>,
     /// Nodes drained before their replacement is Ready: a count or a percentage (rounded down). Default 0.
     #[serde(default = "default_max_unavailable")]
     #[x_kube(validation = kube::core::Rule::new(COUNT_OR_PERCENT_TO_100_RULE)
@@ -70,10 +73,6 @@ pub struct Rollout {
     pub drain_timeout: Option<String>,
 }
 
-fn default_max_surge() -> IntOrString {
-    IntOrString::Int(1)
-}
-
 fn default_max_unavailable() -> IntOrString {
     IntOrString::Int(0)
 }
@@ -89,7 +88,7 @@ fn default_join_timeout() -> String {
 impl Default for Rollout {
     fn default() -> Self {
         Rollout {
-            max_surge: default_max_surge(),
+            max_surge: None,
             max_unavailable: default_max_unavailable(),
             control_plane_first: true,
             join_timeout: default_join_timeout(),
@@ -110,10 +109,13 @@ pub struct RolloutLimits {
 impl Rollout {
     /// `maxSurge` for a rollout over `total` nodes; a percentage rounds up
     /// (like a Deployment's), so any surge above 0% allows at least one node.
-    /// A malformed value (CEL refuses them; only objects older than the rule
-    /// can hold one) counts as the default, 1.
-    pub fn max_surge_for(&self, total: usize) -> usize {
-        scaled_int_or_percent(&self.max_surge, total, true).unwrap_or(1)
+    /// Unset, or malformed (CEL refuses them; only objects older than the
+    /// rule can hold one), it is `unset` (the NodeVersion's maxNodeBudget or 1).
+    pub fn max_surge_for(&self, total: usize, unset: usize) -> usize {
+        self.max_surge
+            .as_ref()
+            .and_then(|s| scaled_int_or_percent(s, total, true))
+            .unwrap_or(unset)
     }
 
     /// `maxUnavailable` for a rollout over `total` nodes; a percentage rounds
@@ -122,11 +124,12 @@ impl Rollout {
         scaled_int_or_percent(&self.max_unavailable, total, false).unwrap_or(0)
     }
 
-    /// Both limits for `total` nodes. When both resolve to 0 (percentages of a
-    /// small pool, e.g. 0% and 10% of 5) one node may be unavailable, as a
-    /// Deployment does, so the rollout still progresses.
-    pub fn limits_for(&self, total: usize) -> RolloutLimits {
-        let max_surge = self.max_surge_for(total);
+    /// Both limits for `total` nodes, with `unset_surge` standing in for an
+    /// unset maxSurge. When both resolve to 0 (percentages of a small pool,
+    /// e.g. 0% and 10% of 5) one node may be unavailable, as a Deployment
+    /// does, so the rollout still progresses.
+    pub fn limits_for(&self, total: usize, unset_surge: usize) -> RolloutLimits {
+        let max_surge = self.max_surge_for(total, unset_surge);
         let mut max_unavailable = self.max_unavailable_for(total);
         if max_surge == 0 && max_unavailable == 0 {
             max_unavailable = 1;
@@ -220,7 +223,7 @@ mod tests {
 
     fn rollout(surge: IntOrString, unavailable: IntOrString) -> Rollout {
         Rollout {
-            max_surge: surge,
+            max_surge: Some(surge),
             max_unavailable: unavailable,
             ..Rollout::default()
         }
@@ -242,7 +245,7 @@ mod tests {
         for (surge, unavailable, total, want_surge, want_unavailable) in cases {
             let r = rollout(surge.clone(), unavailable.clone());
             assert_eq!(
-                r.limits_for(total),
+                r.limits_for(total, 1),
                 RolloutLimits {
                     max_surge: want_surge,
                     max_unavailable: want_unavailable
@@ -251,8 +254,27 @@ mod tests {
             );
         }
         let r = rollout(pct("25%"), pct("25%"));
-        assert_eq!(r.max_surge_for(10), 3);
+        assert_eq!(r.max_surge_for(10, 1), 3);
         assert_eq!(r.max_unavailable_for(10), 2);
+    }
+
+    #[test]
+    fn an_unset_surge_takes_the_stand_in() {
+        let cases = [
+            // (maxSurge, stand-in, total, want surge)
+            (None, 1, 12, 1),
+            (None, 4, 12, 4),
+            (Some(int(2)), 4, 12, 2),
+            (Some(int(0)), 4, 12, 0),
+            (Some(pct("bad")), 3, 12, 3),
+        ];
+        for (surge, unset, total, want) in cases {
+            let r = Rollout {
+                max_surge: surge.clone(),
+                ..Rollout::default()
+            };
+            assert_eq!(r.max_surge_for(total, unset), want, "{surge:?}, stand-in {unset}");
+        }
     }
 
     #[test]
@@ -283,12 +305,13 @@ mod tests {
     fn absent_fields_take_constellations_defaults() {
         let r: Rollout = serde_json::from_str("{}").expect("an empty rollout parses");
         assert_eq!(r, Rollout::default());
-        assert_eq!(r.max_surge, int(1));
+        assert_eq!(r.max_surge, None);
+        assert_eq!(r.max_surge_for(10, 1), 1);
         assert_eq!(r.max_unavailable, int(0));
         assert!(r.control_plane_first);
         assert_eq!(r.join_timeout, "30m");
         assert_eq!(r.drain_timeout, None);
         let r: Rollout = serde_json::from_str(r#"{"maxSurge": "25%", "maxUnavailable": 2}"#).expect("parses");
-        assert_eq!((r.max_surge, r.max_unavailable), (pct("25%"), int(2)));
+        assert_eq!((r.max_surge, r.max_unavailable), (Some(pct("25%")), int(2)));
     }
 }

@@ -1,0 +1,138 @@
+//! The NodeVersion controller of an operator started without a cloud: it
+//! cannot replace nodes, so every NodeVersion says so in its conditions
+//! (and once in an Event) instead of being ignored in silence.
+
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::{App, spawn_event};
+use crate::api::conditions::set_condition;
+use crate::api::update::{NodeVersion, condition, reason};
+use crate::error::{Error, Result};
+use crate::runtime::controller::{Action, Reconciler};
+use crate::runtime::manager::Manager;
+use crate::runtime::store::Key;
+
+/// What the conditions say while no cloud is configured.
+pub const MESSAGE: &str = "no cloud provider is configured: nodewarden runs without --cloud \
+    (aws or sim), so nodes of this NodeVersion are not replaced; restart it with a cloud \
+    (manifests/aws or manifests/sim)";
+
+/// Registers the controller; only for an operator without a cloud.
+pub fn register(manager: &mut Manager, app: &App) {
+    let mut c = manager.controller::<NodeVersion>("nodeversion", &app.objects);
+    c.on_failure(app.report_failures());
+    c.register(NoCloudReconciler {
+        client: app.client.clone(),
+        recorder: app.recorder.clone(),
+    });
+}
+
+/// Progressing=False and Degraded=True, both for the reason NoCloudProvider.
+/// Returns None when `existing` says so already (nothing to write).
+pub fn no_cloud_conditions(
+    existing: &[Condition],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Option<Vec<Condition>> {
+    let mut conditions = existing.to_vec();
+    for (type_, status) in [(condition::PROGRESSING, false), (condition::DEGRADED, true)] {
+        set_condition(
+            &mut conditions,
+            type_,
+            status,
+            reason::NO_CLOUD_PROVIDER,
+            MESSAGE,
+            generation,
+            now,
+        );
+    }
+    (conditions != existing).then_some(conditions)
+}
+
+/// Writes the NoCloudProvider conditions on every NodeVersion.
+pub struct NoCloudReconciler {
+    client: Client,
+    recorder: Recorder,
+}
+
+impl Reconciler for NoCloudReconciler {
+    type Object = NodeVersion;
+    type Error = Error;
+
+    async fn reconcile(&self, _key: &Key<NodeVersion>, nv: Option<Arc<NodeVersion>>) -> Result<Action> {
+        let Some(nv) = nv else {
+            return Ok(Action::Done);
+        };
+        let existing = nv
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let Some(conditions) = no_cloud_conditions(&existing, nv.metadata.generation, Timestamp::now())
+        else {
+            return Ok(Action::Done);
+        };
+        let first = !existing.iter().any(|c| c.reason == reason::NO_CLOUD_PROVIDER);
+        Api::<NodeVersion>::all(self.client.clone())
+            .patch_status(
+                &nv.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"conditions": conditions}})),
+            )
+            .await?;
+        if first {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: reason::NO_CLOUD_PROVIDER.into(),
+                note: Some(MESSAGE.into()),
+                action: "Rollout".into(),
+                secondary: None,
+            };
+            spawn_event(&self.recorder, event, nv.object_ref(&()));
+        }
+        Ok(Action::Done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(seconds).expect("a timestamp")
+    }
+
+    #[test]
+    fn conditions_say_why_nothing_moves_and_are_written_once_per_generation() {
+        let set = no_cloud_conditions(&[], Some(1), at(10)).expect("written the first time");
+        let by_type = |cs: &[Condition], t: &str| {
+            cs.iter()
+                .find(|c| c.type_ == t)
+                .map(|c| (c.status.clone(), c.reason.clone(), c.observed_generation))
+        };
+        let no_cloud = reason::NO_CLOUD_PROVIDER.to_string();
+        assert_eq!(
+            by_type(&set, condition::PROGRESSING),
+            Some(("False".into(), no_cloud.clone(), Some(1)))
+        );
+        assert_eq!(
+            by_type(&set, condition::DEGRADED),
+            Some(("True".into(), no_cloud.clone(), Some(1)))
+        );
+        // Same generation later: nothing to write.
+        assert_eq!(no_cloud_conditions(&set, Some(1), at(20)), None);
+        // A new generation: written again with it.
+        let next = no_cloud_conditions(&set, Some(2), at(30)).expect("a new generation is written");
+        assert_eq!(
+            by_type(&next, condition::DEGRADED),
+            Some(("True".into(), no_cloud, Some(2)))
+        );
+    }
+}
