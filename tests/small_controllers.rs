@@ -486,3 +486,74 @@ async fn pending_node_finishes_an_interrupted_create_once_it_is_overdue() {
     sim.sim.kill().await;
     env.cleanup().await;
 }
+
+/// Without a cloud nothing can replace nodes: a NodeVersion says so in its
+/// conditions (with its generation) and in one Warning Event, instead of
+/// being ignored in silence; a new image gets the answer again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_version_without_a_cloud_says_that_none_is_configured() {
+    use nodewarden::controllers::no_cloud;
+    let env = TestEnv::new("no-cloud").await;
+    let operator = env.start_operator(Default::default()).await;
+    let name = env.name("version");
+    let api: Api<NodeVersion> = Api::all(env.client.clone());
+    let nv: NodeVersion = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "NodeVersion",
+        "metadata": {"name": name, "labels": {RUN_LABEL: env.id}},
+        "spec": {"image": "img-1"},
+    }))
+    .expect("a NodeVersion");
+    api.create(&PostParams::default(), &nv).await.expect("creating");
+    let wanted = (condition::DEGRADED, "True", "NoCloudProvider");
+    let message = support::wait_for_condition(&api, &name, wanted, TIMEOUT).await;
+    assert_eq!(message, no_cloud::MESSAGE);
+    support::wait_for_condition(
+        &api,
+        &name,
+        (condition::PROGRESSING, "False", "NoCloudProvider"),
+        TIMEOUT,
+    )
+    .await;
+
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"image": "img-2"}})),
+    )
+    .await
+    .expect("a new image");
+    wait_for("the conditions at generation 2", TIMEOUT, || async {
+        match api.get(&name).await {
+            Ok(nv) => {
+                let conditions = nv.status.map(|s| s.conditions).unwrap_or_default();
+                match conditions.iter().find(|c| c.type_ == condition::DEGRADED) {
+                    Some(c) if c.observed_generation == Some(2) && c.reason == "NoCloudProvider" => {
+                        Probe::Done(())
+                    }
+                    other => Probe::NotYet(format!("{other:?}")),
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
+    wait_for("one NoCloudProvider Event", TIMEOUT, || async {
+        match events
+            .list(&ListParams::default().fields(&format!("regarding.name={name}")))
+            .await
+        {
+            Ok(l) => {
+                let reasons: Vec<String> = l.items.into_iter().filter_map(|e| e.reason).collect();
+                match reasons.iter().filter(|r| *r == "NoCloudProvider").count() {
+                    1 => Probe::Done(()),
+                    _ => Probe::NotYet(format!("{reasons:?}")),
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    operator.stop().await;
+    env.cleanup().await;
+}

@@ -4,7 +4,7 @@
 //! cluster becomes a kwok Node with its provider ID and image after a boot
 //! delay, and its Node goes when the instance is terminated.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -12,8 +12,9 @@ use std::time::Duration;
 use aws_sdk_autoscaling::types::{LaunchTemplateSpecification, Tag as AsgTag};
 use aws_sdk_ec2::types::{InstanceStateName, RequestLaunchTemplateData};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
+use nodewarden::api::update::{NodeVersion, ScalingGroup};
 use nodewarden::cloud::GroupRole;
 use nodewarden::simcloud::model::JoinJob;
 use tokio_util::sync::CancellationToken;
@@ -302,4 +303,189 @@ pub async fn default_image(sdk: &aws_config::SdkConfig, group: &str) -> String {
         .and_then(|v| v.launch_template_data.as_ref())
         .and_then(|d| d.image_id.clone())
         .unwrap_or_default()
+}
+
+/// The groups of the AWS tests: (suffix, `constellation-role` tag, ScalingGroup role, size).
+pub const GROUPS: [(&str, &str, &str, i32); 3] = [
+    ("cp", "control-plane", "ControlPlane", 3),
+    ("workers-a", "worker", "Worker", 3),
+    ("workers-b", "worker", "Worker", 3),
+];
+
+/// A cluster on moto: [`GROUPS`] as Auto Scaling groups tagged with the
+/// test's id as `constellation-uid`, and the joiner making their instances Nodes.
+pub struct AwsCluster {
+    pub sdk: aws_config::SdkConfig,
+    pub uid: String,
+    /// (Auto Scaling group name, ScalingGroup role).
+    pub groups: Vec<(String, &'static str)>,
+    stop: CancellationToken,
+    joiner: tokio::task::JoinHandle<()>,
+}
+
+impl AwsCluster {
+    /// Creates the groups on `image` and waits until each instance is a Ready Node.
+    pub async fn start(env: &super::TestEnv, moto: &Moto, image: &str) -> AwsCluster {
+        let sdk = moto.sdk().await;
+        let uid = env.id.clone();
+        let mut groups = Vec::new();
+        let mut total = 0;
+        for (g, tag_role, role, size) in GROUPS {
+            let name = format!("{}-{g}", env.id);
+            create_group(&sdk, &uid, &name, tag_role, size, image).await;
+            groups.push((name, role));
+            total += size as usize;
+        }
+        let stop = CancellationToken::new();
+        let joiner = tokio::spawn(join(
+            env.client.clone(),
+            sdk.clone(),
+            env.id.clone(),
+            uid.clone(),
+            Duration::from_secs(1),
+            stop.clone(),
+        ));
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        let selector = env.run_selector();
+        super::wait_for(
+            &format!("{total} Ready nodes from moto's instances"),
+            Duration::from_secs(60),
+            || async {
+                match nodes.list(&ListParams::default().labels(&selector)).await {
+                    Ok(l) if l.items.iter().filter(|n| super::node_is_ready(n)).count() == total => {
+                        super::Probe::Done(())
+                    }
+                    Ok(l) => super::Probe::NotYet(format!("{} nodes", l.items.len())),
+                    Err(e) => super::Probe::NotYet(super::seen(e)),
+                }
+            },
+        )
+        .await;
+        AwsCluster {
+            sdk,
+            uid,
+            groups,
+            stop,
+            joiner,
+        }
+    }
+
+    /// Nothing leaked: moto's running instances are exactly the Nodes.
+    pub async fn wait_instances_equal_nodes(&self, env: &super::TestEnv) {
+        let ec2 = aws_sdk_ec2::Client::new(&self.sdk);
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        let selector = env.run_selector();
+        super::wait_for(
+            "moto's instances equal the Nodes",
+            Duration::from_secs(30),
+            || async {
+                let running: BTreeSet<String> = match instances(&ec2, &self.uid).await {
+                    Ok(all) => all
+                        .iter()
+                        .filter(|(_, v)| v.0 == InstanceStateName::Running)
+                        .map(|(id, v)| format!("aws:///{}/{id}", v.2))
+                        .collect(),
+                    Err(e) => return super::Probe::NotYet(e),
+                };
+                let node_ids: BTreeSet<String> =
+                    match nodes.list(&ListParams::default().labels(&selector)).await {
+                        Ok(l) => l
+                            .items
+                            .iter()
+                            .filter_map(|n| n.spec.as_ref()?.provider_id.clone())
+                            .collect(),
+                        Err(e) => return super::Probe::NotYet(super::seen(e)),
+                    };
+                match running == node_ids {
+                    true => super::Probe::Done(()),
+                    false => super::Probe::NotYet(format!("instances {running:?} vs nodes {node_ids:?}")),
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Every group's launch template defaults to `image`.
+    pub async fn assert_templates_default_to(&self, image: &str) {
+        for (name, _) in &self.groups {
+            assert_eq!(
+                default_image(&self.sdk, name).await,
+                image,
+                "{name}'s launch template"
+            );
+        }
+    }
+
+    /// Stops the joiner.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.joiner.await;
+    }
+}
+
+/// A NodeVersion on `image` whose surge is upstream's `maxNodeBudget`
+/// (no `rollout`), and no ScalingGroup: discovery makes those.
+pub async fn create_budget_node_version(env: &super::TestEnv, image: &str, budget: u32) {
+    let nv: NodeVersion = serde_json::from_value(serde_json::json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "NodeVersion",
+        "metadata": {"name": env.name("version"), "labels": {RUN_LABEL: env.id}},
+        "spec": {"image": image, "maxNodeBudget": budget},
+    }))
+    .expect("a NodeVersion");
+    Api::<NodeVersion>::all(env.client.clone())
+        .create(&PostParams::default(), &nv)
+        .await
+        .expect("creating the NodeVersion");
+}
+
+/// Waits until discovery made one ScalingGroup per Auto Scaling group of
+/// `cluster`, named after it, with its role and node group, following the
+/// test's NodeVersion and seen through the test's object selector.
+pub async fn wait_discovered(env: &super::TestEnv, cluster: &AwsCluster) {
+    let api: Api<ScalingGroup> = Api::all(env.client.clone());
+    let selector = env.run_selector();
+    let want: BTreeMap<String, (String, String, String, String)> = cluster
+        .groups
+        .iter()
+        .map(|(name, role)| {
+            (
+                name.clone(),
+                (name.clone(), role.to_string(), name.clone(), env.name("version")),
+            )
+        })
+        .collect();
+    super::wait_for(
+        "ScalingGroups discovered from the groups' tags",
+        Duration::from_secs(30),
+        || async {
+            let got: BTreeMap<String, (String, String, String, String)> =
+                match api.list(&ListParams::default().labels(&selector)).await {
+                    Ok(l) => l
+                        .items
+                        .iter()
+                        .map(|g| {
+                            let role = serde_json::to_value(g.spec.role)
+                                .ok()
+                                .and_then(|v| v.as_str().map(String::from))
+                                .unwrap_or_default();
+                            (
+                                g.name_any(),
+                                (
+                                    g.spec.group_id.clone(),
+                                    role,
+                                    g.spec.node_group_name.clone(),
+                                    g.spec.node_image.clone(),
+                                ),
+                            )
+                        })
+                        .collect(),
+                    Err(e) => return super::Probe::NotYet(super::seen(e)),
+                };
+            match got == want {
+                true => super::Probe::Done(()),
+                false => super::Probe::NotYet(format!("{got:?}")),
+            }
+        },
+    )
+    .await;
 }

@@ -28,10 +28,15 @@ impl TestEnv {
         cloud: Option<std::sync::Arc<dyn nodewarden::cloud::CloudProvider>>,
         identity: &str,
     ) -> RunningOperator {
+        let config = self.operator_config(maintenance, cloud, identity);
+        self.start_operator_from(config).await
+    }
+
+    /// An operator with exactly `config` (see [`TestEnv::operator_config`]).
+    pub async fn start_operator_from(&self, config: nodewarden::operator::OperatorConfig) -> RunningOperator {
         // Logs of the operator under test (RUST_LOG picks the level).
         nodewarden::telemetry::init_logging(false, None);
         install_crds(&self.client).await;
-        let config = self.operator_config(maintenance, cloud, identity);
         let client = control_plane().client().await;
         let shutdown = tokio_util::sync::CancellationToken::new();
         let stop = shutdown.clone();

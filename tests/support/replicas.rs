@@ -88,6 +88,31 @@ impl Replicas {
         extra: &[&str],
         logs: &Path,
     ) -> Replicas {
+        Replicas::start_with_env(
+            count,
+            env,
+            kubeconfig,
+            lease_name,
+            otlp_endpoint,
+            extra,
+            &[],
+            logs,
+        )
+    }
+
+    /// As [`Replicas::start`], with `extra_env` set in every replica's
+    /// environment (after the defaults, so it wins).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_with_env(
+        count: usize,
+        env: &super::TestEnv,
+        kubeconfig: &Path,
+        lease_name: &str,
+        otlp_endpoint: &str,
+        extra: &[&str],
+        extra_env: &[(String, String)],
+        logs: &Path,
+    ) -> Replicas {
         let selector = env.run_selector();
         let common = [
             "--kubeconfig",
@@ -118,7 +143,10 @@ impl Replicas {
                 ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp_endpoint.into()),
                 ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/json".into()),
                 ("OTEL_BSP_SCHEDULE_DELAY".into(), "200".into()),
-            ],
+            ]
+            .into_iter()
+            .chain(extra_env.iter().cloned())
+            .collect(),
             http: BTreeMap::new(),
             logs: logs.to_path_buf(),
             running: Vec::new(),

@@ -44,6 +44,7 @@ impl Breaches {
 /// instances on their way (invariant 1); a node disappears only while its heir
 /// is Ready (invariant 2, judged on the node's last state, which the deletion
 /// event carries); the Deployments' budgets hold (invariant 3, sampled).
+#[allow(clippy::too_many_arguments)] // the Checker's shared state, each its own handle
 pub async fn check(
     client: Client,
     env_id: String,
@@ -51,6 +52,7 @@ pub async fn check(
     base: usize,
     surge: Arc<Mutex<usize>>,
     breaches: Arc<Breaches>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
     stop: CancellationToken,
 ) {
     let selector = format!("{RUN_LABEL}={env_id}");
@@ -64,13 +66,14 @@ pub async fn check(
 
     let confirming = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let count_check = {
-        let (node_store, pending_store, surge, breaches, client, selector) = (
+        let (node_store, pending_store, surge, breaches, client, selector, peak) = (
             node_store.clone(),
             pending_store.clone(),
             surge.clone(),
             breaches.clone(),
             client.clone(),
             selector.clone(),
+            peak.clone(),
         );
         Arc::new(move || {
             let names: BTreeSet<String> = node_store.keys().into_iter().map(|k| k.name.clone()).collect();
@@ -81,6 +84,12 @@ pub async fn check(
                 .filter(|p| !names.contains(&p.spec.node_name))
                 .count();
             let allowed = base + *surge.lock().unwrap_or_else(|e| e.into_inner());
+            if node_store.is_synced() {
+                peak.fetch_max(
+                    (names.len() + joins).saturating_sub(base),
+                    std::sync::atomic::Ordering::SeqCst,
+                );
+            }
             // Nodes go only once their heir is there: never fewer than at the start.
             if node_store.is_synced() && names.len() < base {
                 breaches.add(format!(
@@ -204,6 +213,7 @@ pub struct Checker {
     /// The surge the checker allows (change it with the rollout's).
     pub surge: Arc<Mutex<usize>>,
     breaches: Arc<Breaches>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -213,6 +223,7 @@ impl Checker {
     pub fn start(env: &TestEnv, base: usize, surge: usize) -> Checker {
         let surge = Arc::new(Mutex::new(surge));
         let breaches = Arc::new(Breaches::default());
+        let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let stop = CancellationToken::new();
         let task = tokio::spawn(check(
             env.client.clone(),
@@ -221,14 +232,22 @@ impl Checker {
             base,
             surge.clone(),
             breaches.clone(),
+            peak.clone(),
             stop.clone(),
         ));
         Checker {
             surge,
             breaches,
+            peak,
             stop,
             task,
         }
+    }
+
+    /// The most nodes beyond `base` (joining ones included) seen at once so
+    /// far, as the watches saw them (a skew between them may add one).
+    pub fn peak_surge(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn set_surge(&self, surge: usize) {
@@ -386,13 +405,16 @@ pub async fn workload(env: &TestEnv, name: &str, replicas: i32) {
 /// Sets the image (and surge), then waits until every node runs it.
 pub async fn roll(r: &Rollout, image: &str, surge: usize) -> Duration {
     let total: usize = r.groups.iter().map(|g| g.2).sum();
-    roll_nodes(&r.env, total, image, surge).await
+    roll_nodes(&r.env, total, image, Some(surge)).await
 }
 
-/// Sets the image (and surge), then waits until all `total` nodes run it.
-pub async fn roll_nodes(env: &TestEnv, total: usize, image: &str, surge: usize) -> Duration {
+/// Sets the image (and the surge, if given), then waits until all `total` nodes run it.
+pub async fn roll_nodes(env: &TestEnv, total: usize, image: &str, surge: Option<usize>) -> Duration {
     let api: Api<NodeVersion> = Api::all(env.client.clone());
-    let patch = json!({"spec": {"image": image, "rollout": {"maxSurge": surge}}});
+    let patch = match surge {
+        Some(surge) => json!({"spec": {"image": image, "rollout": {"maxSurge": surge}}}),
+        None => json!({"spec": {"image": image}}),
+    };
     let start = Instant::now();
     api.patch(
         &env.name("version"),
