@@ -90,6 +90,9 @@ struct RunArgs {
     /// AWS_ENDPOINT_URL works too.
     #[arg(long, env = "NODEWARDEN_AWS_ENDPOINT")]
     aws_endpoint: Option<String>,
+    /// AWS: how long one API call may take before it counts as failed (seconds).
+    #[arg(long, env = "NODEWARDEN_AWS_CALL_TIMEOUT", default_value_t = 10.0)]
+    aws_call_timeout: f64,
     /// AWS: the region (default: the SDK's chain, e.g. AWS_REGION).
     #[arg(long, env = "NODEWARDEN_AWS_REGION")]
     aws_region: Option<String>,
@@ -173,6 +176,7 @@ async fn cloud(
                 endpoint: args.aws_endpoint.clone(),
                 region: args.aws_region.clone(),
                 static_credentials: None,
+                call_timeout: Some(seconds(args.aws_call_timeout, "aws-call-timeout")?),
             };
             Some(std::sync::Arc::new(
                 AwsProvider::new(config)

@@ -76,12 +76,7 @@ async fn three_replicas_upgrade_in_place_through_two_leader_kills_with_one_trace
     create_pdb(&env, "web", "web", 1).await;
 
     // Kept when the test fails: the replicas' logs are where a failure is explained.
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("nodewarden-{}-", env.id))
-        .tempdir()
-        .expect("a temp dir")
-        .keep();
-    println!("replica logs in {}", dir.display());
+    let dir = replica_log_dir(&env.id);
     let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
     let lease_name = format!("nodewarden-{}", env.id);
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE);

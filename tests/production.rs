@@ -40,13 +40,7 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
     let initial = node_names(env).await;
     assert_eq!(initial.len(), 9);
 
-    // Kept when the test fails: the replicas' logs are where a failure is explained.
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("nodewarden-{}-", env.id))
-        .tempdir()
-        .expect("a temp dir")
-        .keep();
-    println!("replica logs in {}", dir.display());
+    let dir = replica_log_dir(&env.id);
     let dir = &dir;
     let kubeconfig = service_account_kubeconfig(&env.client, dir).await;
     let lease_name = format!("nodewarden-{}", env.id);

@@ -28,12 +28,7 @@ async fn three_replicas_claim_through_a_leader_kill_and_trace_a_host_replacement
     // 30 racks of one control-plane host; each cluster wants 20 + 4.
     create_racks(&env, 30, 1).await;
 
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("nodewarden-{}-", env.id))
-        .tempdir()
-        .expect("a temp dir")
-        .keep();
-    println!("replica logs in {}", dir.display());
+    let dir = replica_log_dir(&env.id);
     let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
     let lease_name = format!("nodewarden-{}", env.id);
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE);

@@ -58,16 +58,11 @@ impl Moto {
         Moto { dir, endpoint }
     }
 
-    /// Stops the server (SIGTERM); `resume` starts it again on the same port
-    /// is not possible with moto (state is in memory), so outages are
-    /// played with `pause`/`resume` (SIGSTOP/SIGCONT) instead.
-    pub fn signal(&self, signal: &str) {
+    /// The server's pid. moto keeps its state in memory, so an outage is
+    /// played by pausing it (SIGSTOP, then SIGCONT), not by a restart.
+    pub fn pid(&self) -> u32 {
         let pid = std::fs::read_to_string(self.dir.path().join("pid")).expect("moto's pid");
-        let status = Command::new("kill")
-            .args([signal, pid.trim()])
-            .status()
-            .expect("running kill");
-        assert!(status.success(), "kill {signal} {pid}");
+        pid.trim().parse().expect("a pid")
     }
 
     /// An SDK configuration for this server.
@@ -94,6 +89,7 @@ impl Moto {
             endpoint: Some(self.endpoint.clone()),
             region: Some(REGION.into()),
             static_credentials: Some((KEY.0.into(), KEY.1.into())),
+            call_timeout: None,
         }
     }
 }

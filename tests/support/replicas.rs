@@ -60,6 +60,18 @@ pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf 
     path
 }
 
+/// A directory for the replicas' logs and kubeconfig, kept after the test
+/// (a failure is explained there) and printed.
+pub fn replica_log_dir(run_id: &str) -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("nodewarden-{run_id}-"))
+        .tempdir()
+        .expect("a temp dir")
+        .keep();
+    println!("replica logs in {}", dir.display());
+    dir
+}
+
 /// One `nodewarden run` process, as one pod of the Deployment.
 pub struct Replica {
     identity: String,

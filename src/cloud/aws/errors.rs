@@ -6,8 +6,10 @@ use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 
 use super::super::CloudError;
 
-/// How long one call may take (the SDK's operation timeout).
-pub const OPERATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long one call may take by default (the SDK's operation timeout):
+/// AWS answers these APIs within a second or two, and a call that hangs
+/// must fail soon enough for the work queue's retry to be the one in charge.
+pub const DEFAULT_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The error codes AWS uses to ask callers to slow down.
 const THROTTLING: [&str; 7] = [
@@ -30,8 +32,12 @@ const CONFIG: [&str; 6] = [
     "MissingAuthenticationToken",
 ];
 
-/// Maps one SDK error about `what`.
-pub fn sdk_error<E: ProvideErrorMetadata + std::fmt::Debug>(e: SdkError<E>, what: &str) -> CloudError {
+/// Maps one SDK error about `what` (a timeout is one of `timeout`).
+pub fn sdk_error<E: ProvideErrorMetadata + std::fmt::Debug>(
+    e: SdkError<E>,
+    what: &str,
+    timeout: std::time::Duration,
+) -> CloudError {
     match e {
         SdkError::ServiceError(ctx) => {
             let status = ctx.raw().status().as_u16();
@@ -43,12 +49,8 @@ pub fn sdk_error<E: ProvideErrorMetadata + std::fmt::Debug>(e: SdkError<E>, what
                 what,
             )
         }
-        SdkError::TimeoutError(_) => CloudError::Timeout {
-            after: OPERATION_TIMEOUT,
-        },
-        SdkError::DispatchFailure(d) if d.is_timeout() => CloudError::Timeout {
-            after: OPERATION_TIMEOUT,
-        },
+        SdkError::TimeoutError(_) => CloudError::Timeout { after: timeout },
+        SdkError::DispatchFailure(d) if d.is_timeout() => CloudError::Timeout { after: timeout },
         SdkError::DispatchFailure(d) => CloudError::Transport(format!("{what}: {d:?}")),
         SdkError::ResponseError(r) => {
             let status = r.raw().status().as_u16();

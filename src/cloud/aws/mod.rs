@@ -54,6 +54,8 @@ pub struct AwsConfig {
     /// Fixed credentials (access key id, secret) for an emulator; else the
     /// SDK's chain (env, web identity / IRSA, profile, instance profile).
     pub static_credentials: Option<(String, String)>,
+    /// How long one call may take; None: [`errors::DEFAULT_CALL_TIMEOUT`].
+    pub call_timeout: Option<Duration>,
 }
 
 /// Auto Scaling groups and EC2 instances of one cluster.
@@ -66,6 +68,8 @@ pub struct AwsProvider {
     create_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// How long a create waits for its instance to show in the group.
     appear_timeout: Duration,
+    /// The SDK's operation timeout (reported in timeout errors).
+    call_timeout: Duration,
 }
 
 impl AwsProvider {
@@ -76,12 +80,13 @@ impl AwsProvider {
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
             .build_https();
+        let call_timeout = config.call_timeout.unwrap_or(errors::DEFAULT_CALL_TIMEOUT);
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .http_client(http)
             .retry_config(aws_config::retry::RetryConfig::disabled())
             .timeout_config(
                 aws_config::timeout::TimeoutConfig::builder()
-                    .operation_timeout(errors::OPERATION_TIMEOUT)
+                    .operation_timeout(call_timeout)
                     .connect_timeout(Duration::from_secs(5))
                     .build(),
             );
@@ -111,7 +116,16 @@ impl AwsProvider {
             cluster_uid: config.cluster_uid,
             create_locks: std::sync::Mutex::default(),
             appear_timeout: Duration::from_secs(60),
+            call_timeout,
         })
+    }
+
+    /// One failed SDK call about `what`, as a [`CloudError`].
+    fn failed<E>(&self, e: aws_sdk_ec2::error::SdkError<E>, what: &str) -> CloudError
+    where
+        E: aws_sdk_ec2::error::ProvideErrorMetadata + std::fmt::Debug,
+    {
+        sdk_error(e, what, self.call_timeout)
     }
 
     async fn group(&self, name: &str) -> Result<AutoScalingGroup, CloudError> {
@@ -121,7 +135,7 @@ impl AwsProvider {
             .auto_scaling_group_names(name)
             .send()
             .await
-            .map_err(|e| sdk_error(e, &format!("Auto Scaling group {name}")))?;
+            .map_err(|e| self.failed(e, &format!("Auto Scaling group {name}")))?;
         first(out.auto_scaling_groups, || format!("Auto Scaling group {name}"))
     }
 
@@ -165,7 +179,7 @@ impl AwsProvider {
         let out = request
             .send()
             .await
-            .map_err(|e| sdk_error(e, &format!("launch template {template}")))?;
+            .map_err(|e| self.failed(e, &format!("launch template {template}")))?;
         first(out.launch_template_versions, || {
             format!("launch template {template} version {version}")
         })
@@ -178,7 +192,7 @@ impl AwsProvider {
             .instance_ids(id)
             .send()
             .await
-            .map_err(|e| sdk_error(e, &format!("instance {id}")))?;
+            .map_err(|e| self.failed(e, &format!("instance {id}")))?;
         first(Some(instances_of(out)), || format!("instance {id}"))
     }
 
@@ -221,7 +235,7 @@ impl AwsProvider {
             .honor_cooldown(false)
             .send()
             .await
-            .map_err(|e| sdk_error(e, &format!("Auto Scaling group {}", request.group_id)))?;
+            .map_err(|e| self.failed(e, &format!("Auto Scaling group {}", request.group_id)))?;
         let id = self.wait_new_instance(&request.group_id, &members).await?;
         match &request.request_id {
             Some(request_id) => self.finish_create(&request.group_id, &id, request_id).await,
@@ -242,7 +256,7 @@ impl AwsProvider {
             .tags(Tag::builder().key(REQUEST_TAG).value(request_id).build())
             .send()
             .await
-            .map_err(|e| sdk_error(e, &format!("instance {id}")))?;
+            .map_err(|e| self.failed(e, &format!("instance {id}")))?;
         self.set_group_tag(group, &intent_tag(request_id), None).await?;
         self.created(id).await
     }
@@ -264,7 +278,7 @@ impl AwsProvider {
                 .send()
                 .await
                 .map(|_| ())
-                .map_err(|e| sdk_error(e, &what)),
+                .map_err(|e| self.failed(e, &what)),
             None => self
                 .asg
                 .delete_tags()
@@ -272,7 +286,7 @@ impl AwsProvider {
                 .send()
                 .await
                 .map(|_| ())
-                .map_err(|e| sdk_error(e, &what)),
+                .map_err(|e| self.failed(e, &what)),
         }
     }
 
@@ -296,7 +310,7 @@ impl AwsProvider {
             )
             .send()
             .await
-            .map_err(|e| sdk_error(e, "the group's instances"))?;
+            .map_err(|e| self.failed(e, "the group's instances"))?;
         Ok(instances_of(out).into_iter().find_map(|i| i.instance_id))
     }
 
@@ -311,7 +325,7 @@ impl AwsProvider {
             .set_instance_ids(Some(members.iter().cloned().collect()))
             .send()
             .await
-            .map_err(|e| sdk_error(e, "the group's instances"))?;
+            .map_err(|e| self.failed(e, "the group's instances"))?;
         let mut untagged: Vec<(aws_sdk_ec2::primitives::DateTime, String)> = instances_of(out)
             .into_iter()
             .filter(|i| !i.tags().iter().any(|t| t.key() == Some(REQUEST_TAG)))
@@ -384,7 +398,7 @@ impl AwsProvider {
         let created = request
             .send()
             .await
-            .map_err(|e| sdk_error(e, &format!("launch template {template}")))?;
+            .map_err(|e| self.failed(e, &format!("launch template {template}")))?;
         let number = created
             .launch_template_version
             .and_then(|v| v.version_number)
@@ -401,7 +415,7 @@ impl AwsProvider {
         modify
             .send()
             .await
-            .map_err(|e| sdk_error(e, &format!("launch template {template}")))?;
+            .map_err(|e| self.failed(e, &format!("launch template {template}")))?;
         Ok(())
     }
 
@@ -421,7 +435,7 @@ impl AwsProvider {
                 .set_next_token(next.clone())
                 .send()
                 .await
-                .map_err(|e| sdk_error(e, "Auto Scaling groups"))?;
+                .map_err(|e| self.failed(e, "Auto Scaling groups"))?;
             for g in page.auto_scaling_groups.unwrap_or_default() {
                 let name = g.auto_scaling_group_name.clone().unwrap_or_default();
                 let role = match group_tag(&g, ROLE_TAG).as_deref() {
@@ -573,7 +587,7 @@ impl CloudProvider for AwsProvider {
                 .should_decrement_desired_capacity(true)
                 .send()
                 .await;
-            match result.map_err(|e| sdk_error(e, &format!("instance {id}"))) {
+            match result.map_err(|e| self.failed(e, &format!("instance {id}"))) {
                 Ok(_) => Ok(()),
                 // Already gone (or never in a group): nothing left to delete.
                 Err(CloudError::NotFound { .. }) => Ok(()),
@@ -593,7 +607,7 @@ impl CloudProvider for AwsProvider {
                 .include_all_instances(true)
                 .send()
                 .await
-                .map_err(|e| sdk_error(e, &format!("instance {id}")))?;
+                .map_err(|e| self.failed(e, &format!("instance {id}")))?;
             let status = out.instance_statuses.unwrap_or_default().into_iter().next();
             match status {
                 Some(s) => Ok(state_of(s.instance_state.and_then(|s| s.name).as_ref())),
@@ -623,7 +637,7 @@ impl CloudProvider for AwsProvider {
                 .instance_ids(id)
                 .send()
                 .await
-                .map_err(|e| sdk_error(e, &format!("instance {id}")))?;
+                .map_err(|e| self.failed(e, &format!("instance {id}")))?;
             out.auto_scaling_instances
                 .unwrap_or_default()
                 .into_iter()
