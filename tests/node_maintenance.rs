@@ -625,3 +625,95 @@ async fn the_seed_example_applies_unchanged_and_works() {
     op.stop().await;
     env.cleanup().await;
 }
+
+/// A maintenance starts draining a guarded node (its PDB keeps it draining);
+/// right after (within the same second, where creation times tie) and again
+/// a few seconds later, a second one names the same node. The first keeps
+/// the node; each later one is Failed naming it and never touches the node,
+/// also once the first is deleted, which ends the maintenance completely.
+async fn first_come_keeps_the_node(test: &str, first: &str, later: &str) {
+    let env = TestEnv::new(test).await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    let target = guarded_node(&env).await;
+    let api: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    let original = maintenance(&env, first, &target, json!({}));
+    create_nm(&env, &original).await;
+    let original = original.name_any();
+    wait_for("the first maintenance draining", TIMEOUT, || async {
+        match api.get(&original).await {
+            Ok(nm) if nm.status.as_ref().and_then(|s| s.eviction_pods).is_some() => Probe::Done(()),
+            Ok(nm) => Probe::NotYet(format!("{:?}", nm.status)),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let duplicate = maintenance(&env, later, &target, json!({}));
+    create_nm(&env, &duplicate).await;
+    let duplicate = duplicate.name_any();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let late = maintenance(&env, &format!("{later}-late"), &target, json!({}));
+    create_nm(&env, &late).await;
+    let late = late.name_any();
+    for name in [&duplicate, &late] {
+        let failed = wait_phase(&env.client, name, MaintenancePhase::Failed).await;
+        let err = failed.status.and_then(|s| s.last_error).unwrap_or_default();
+        assert!(
+            err.contains(&original),
+            "{name} fails naming the first, {original}: {err}"
+        );
+    }
+    // A while later the first still holds the node.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = api.get(&original).await.expect("the first maintenance");
+    assert_eq!(
+        held.status.as_ref().and_then(|s| s.phase),
+        Some(MaintenancePhase::Running),
+        "the first maintenance keeps draining: {:?}",
+        held.status
+    );
+    assert!(cordoned(&node(&env, &target).await));
+
+    // Deleting the first ends the maintenance though the duplicates exist.
+    api.delete(&original, &DeleteParams::default())
+        .await
+        .expect("deleting the first maintenance");
+    wait_gone(&env.client, &original).await;
+    wait_for("the node released", TIMEOUT, || async {
+        let n = node(&env, &target).await;
+        let lease = Api::<Lease>::namespaced(env.client.clone(), "medik8s-leases")
+            .get_opt(&format!("node-{target}"))
+            .await;
+        match (cordoned(&n), taint_keys(&n).is_empty(), lease) {
+            (false, true, Ok(None)) => Probe::Done(()),
+            (cordon, untainted, lease) => Probe::NotYet(format!(
+                "cordoned {cordon}, untainted {untainted}, lease {:?}",
+                lease.map(|l| l.map(|l| l.spec))
+            )),
+        }
+    })
+    .await;
+    // And stays released: the duplicates do not take the node over.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let n = node(&env, &target).await;
+    assert!(!cordoned(&n), "a duplicate cordoned the node again");
+    for name in [&duplicate, &late] {
+        let nm = api.get(name).await.expect("the duplicate");
+        assert_eq!(
+            nm.status.as_ref().and_then(|s| s.phase),
+            Some(MaintenancePhase::Failed),
+            "{name} stays Failed"
+        );
+    }
+    op.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_maintenance_keeps_the_node_when_the_duplicate_sorts_first() {
+    first_come_keeps_the_node("nm-first", "test-maintenance", "test-duplicate").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_maintenance_keeps_the_node_when_the_duplicate_sorts_last() {
+    first_come_keeps_the_node("nm-first-b", "test-duplicate", "test-maintenance").await;
+}

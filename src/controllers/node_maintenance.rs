@@ -63,6 +63,9 @@ pub struct Claim {
     pub owner: String,
     /// When the claim was made (its creation time).
     pub created: Option<Timestamp>,
+    /// The claiming object's UID: breaks ties between claims made in the
+    /// same second (creation times have a resolution of one second).
+    pub uid: Option<String>,
     /// The claiming object is being deleted.
     pub deleting: bool,
     /// Holds (or held) the node: entered maintenance and has not failed.
@@ -76,6 +79,7 @@ impl Claim {
         Claim {
             owner: owner_of(m),
             created: m.meta().creation_timestamp.as_ref().map(|t| t.0),
+            uid: m.meta().uid.clone(),
             deleting: m.meta().deletion_timestamp.is_some(),
             active: status
                 .is_some_and(|s| s.eviction_pods.is_some() && s.phase != Some(MaintenancePhase::Failed)),
@@ -126,6 +130,8 @@ pub enum Decision {
 
 /// Facts for [`decide`], gathered by the reconciler.
 pub struct Facts<'a> {
+    /// The maintenance deciding, as a claim on its node.
+    pub me: &'a Claim,
     /// The maintenance deciding.
     pub owner: &'a str,
     /// The node it names.
@@ -134,24 +140,36 @@ pub struct Facts<'a> {
     pub node_exists: bool,
     /// The other NodeMaintenances of the same node.
     pub others: &'a [Claim],
-    /// When the maintenance was created.
-    pub created: Option<Timestamp>,
     /// Its spec.drainTimeout as written.
     pub drain_timeout: Option<&'a str>,
     /// Some(false) when the concurrency limit keeps this one waiting.
     pub admitted: bool,
     /// The node's lease, once asked for (only when everything else allows the drain).
     pub lease: Option<LeaseState>,
+    /// The message of an earlier DuplicateMaintenance failure: a duplicate
+    /// stays failed (it never takes the node over, even once the first claim
+    /// is gone; deleting that one ends the node's maintenance).
+    pub failed_as_duplicate: Option<&'a str>,
 }
 
-/// Earlier NodeMaintenance of the same node (by creation, then owner) wins.
-fn first_claim<'a>(owner: &str, created: Option<Timestamp>, others: &'a [Claim]) -> Option<&'a Claim> {
+/// The order in which claims on a node win: one that holds the node first
+/// (whatever its age: it was there first, across restarts and leader
+/// changes), then the earliest created, then the smaller UID. Never the name.
+fn precedence(c: &Claim) -> (bool, Option<Timestamp>, Option<&str>, &str) {
+    (!c.active, c.created, c.uid.as_deref(), c.owner.as_str())
+}
+
+/// The claim on the same node that comes before `me`, if any.
+fn first_claim<'a>(me: &Claim, others: &'a [Claim]) -> Option<&'a Claim> {
     others
         .iter()
-        .filter(|c| c.owner != owner && !c.deleting)
-        .filter(|c| (c.created, c.owner.as_str()) < (created, owner))
-        .min_by(|a, b| (a.created, &a.owner).cmp(&(b.created, &b.owner)))
+        .filter(|c| c.owner != me.owner && !c.deleting)
+        .filter(|c| precedence(c) < precedence(me))
+        .min_by(|a, b| precedence(a).cmp(&precedence(b)))
 }
+
+/// The reason of a failure because another maintenance holds the node.
+pub const DUPLICATE_MAINTENANCE: &str = "DuplicateMaintenance";
 
 /// What a maintenance should do given the facts (pure; table-tested).
 pub fn decide(f: &Facts) -> Decision {
@@ -169,9 +187,15 @@ pub fn decide(f: &Facts) -> Decision {
             message: format!("spec.nodeName: node {:?} not found", f.node_name),
         };
     }
-    if let Some(first) = first_claim(f.owner, f.created, f.others) {
+    if let Some(message) = f.failed_as_duplicate {
         return Decision::Fail {
-            reason: "DuplicateMaintenance",
+            reason: DUPLICATE_MAINTENANCE,
+            message: message.to_string(),
+        };
+    }
+    if let Some(first) = first_claim(f.me, f.others) {
+        return Decision::Fail {
+            reason: DUPLICATE_MAINTENANCE,
             message: format!(
                 "spec.nodeName: node {:?} is already in maintenance by {}",
                 f.node_name, first.owner
@@ -237,7 +261,9 @@ pub fn status_for(
             s.last_error = p.last_error.clone();
             match d.outcome {
                 DrainOutcome::Succeeded => {
+                    // Refusals met on the way are history once the drain is done.
                     s.last_error = None;
+                    s.blocked_by = None;
                     (
                         MaintenancePhase::Succeeded,
                         true,
@@ -487,15 +513,23 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             .into_iter()
             .filter(|c| c.owner != owner)
             .collect();
+        let me = Claim::of(obj);
+        let failed_as_duplicate = obj
+            .maintenance_status()
+            .filter(|s| s.phase == Some(MaintenancePhase::Failed))
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.reason == DUPLICATE_MAINTENANCE))
+            .map(|c| c.message.as_str());
         let mut facts = Facts {
+            me: &me,
             owner,
             node_name,
             node_exists: self.ctx.nodes.get(&ObjectKey::cluster(node_name)).is_some(),
             others: &others,
-            created: obj.meta().creation_timestamp.as_ref().map(|t| t.0),
             drain_timeout: obj.drain_timeout(),
             admitted: true,
             lease: None,
+            failed_as_duplicate,
         };
         let decision = decide(&facts);
         if decision != Decision::Drain {
@@ -948,21 +982,32 @@ mod tests {
         Claim {
             owner: owner.into(),
             created: Some(ts(created)),
+            uid: Some(format!("uid-of-{owner}")),
             deleting: false,
             active: false,
         }
     }
 
+    static ME: std::sync::LazyLock<Claim> = std::sync::LazyLock::new(|| Claim {
+        uid: Some("uid-5".into()),
+        ..claim("g/me", 100)
+    });
+    static ME_HOLDING: std::sync::LazyLock<Claim> = std::sync::LazyLock::new(|| Claim {
+        active: true,
+        ..ME.clone()
+    });
+
     fn facts<'a>(others: &'a [Claim]) -> Facts<'a> {
         Facts {
+            me: &ME,
             owner: "g/me",
             node_name: "n1",
             node_exists: true,
             others,
-            created: Some(ts(100)),
             drain_timeout: None,
             admitted: true,
             lease: Some(LeaseState::Ours),
+            failed_as_duplicate: None,
         }
     }
 
@@ -970,7 +1015,20 @@ mod tests {
     fn decisions() {
         let earlier = [claim("g/first", 50)];
         let later = [claim("g/second", 150)];
-        let same_time_smaller_name = [claim("g/a", 100)];
+        // Same second: the UID decides, never the name.
+        let same_time_smaller_uid = [Claim {
+            uid: Some("uid-1".into()),
+            ..claim("g/z", 100)
+        }];
+        let same_time_larger_uid_smaller_name = [Claim {
+            uid: Some("uid-9".into()),
+            ..claim("g/a", 100)
+        }];
+        let earlier_but_holding_nothing = [claim("g/older", 50)];
+        let later_but_holding = [Claim {
+            active: true,
+            ..claim("g/holder", 150)
+        }];
         let deleting = [Claim {
             deleting: true,
             ..claim("g/first", 50)
@@ -990,8 +1048,33 @@ mod tests {
             ),
             ("later claim loses", Box::new(|f| f.others = &later), "Drain"),
             (
-                "tie broken by name",
-                Box::new(|f| f.others = &same_time_smaller_name),
+                "tie broken by uid",
+                Box::new(|f| f.others = &same_time_smaller_uid),
+                "Fail:DuplicateMaintenance",
+            ),
+            (
+                "a smaller name does not win a tie",
+                Box::new(|f| f.others = &same_time_larger_uid_smaller_name),
+                "Drain",
+            ),
+            (
+                "the holder keeps the node against an older claim",
+                Box::new(|f| {
+                    f.me = &ME_HOLDING;
+                    f.others = &earlier_but_holding_nothing;
+                }),
+                "Drain",
+            ),
+            (
+                "a holder wins over an earlier creation",
+                Box::new(|f| f.others = &later_but_holding),
+                "Fail:DuplicateMaintenance",
+            ),
+            (
+                "a failed duplicate stays failed once the first is gone",
+                Box::new(|f| {
+                    f.failed_as_duplicate = Some("node \"n1\" is already in maintenance by g/first")
+                }),
                 "Fail:DuplicateMaintenance",
             ),
             (
