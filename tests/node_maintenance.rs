@@ -717,3 +717,96 @@ async fn the_first_maintenance_keeps_the_node_when_the_duplicate_sorts_first() {
 async fn the_first_maintenance_keeps_the_node_when_the_duplicate_sorts_last() {
     first_come_keeps_the_node("nm-first-b", "test-duplicate", "test-maintenance").await;
 }
+
+/// The NoSchedule taints of `node` other than the unschedulable one, as written.
+fn drain_taints(node: &Node) -> Vec<k8s_openapi::api::core::v1::Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != "node.kubernetes.io/unschedulable")
+        .collect()
+}
+
+/// Parity with the Node Maintenance Operator: each group taints with its own
+/// key (`medik8s.io/drain`, `kubevirt.io/drain`), with no value and no
+/// timeAdded, exactly; `nm` names only the medik8s resource; Events are
+/// found by `--field-selector involvedObject.kind=NodeMaintenance`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_group_taints_as_the_node_maintenance_operator_does() {
+    let env = TestEnv::new("nm-taints").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    let nodes = env.create_kwok_nodes(2, &[]).await;
+    let m = maintenance(&env, "medik8s", &nodes[0], json!({}));
+    create_nm(&env, &m).await;
+    let kv: kubevirt::NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodemaintenance.kubevirt.io/v1beta1", "kind": "NodeMaintenance",
+        "metadata": {"name": env.name("kubevirt"), "labels": {RUN_LABEL: env.id}},
+        "spec": {"nodeName": nodes[1], "reason": "test"},
+    }))
+    .expect("a kubevirt NodeMaintenance");
+    let kv_api: Api<kubevirt::NodeMaintenance> = Api::all(env.client.clone());
+    kv_api
+        .create(&PostParams::default(), &kv)
+        .await
+        .expect("creating");
+    wait_phase(&env.client, &m.name_any(), MaintenancePhase::Succeeded).await;
+    wait_for("the kubevirt maintenance to succeed", TIMEOUT, || async {
+        match kv_api.get(&kv.name_any()).await {
+            Ok(nm) if nm.status.as_ref().and_then(|s| s.phase) == Some(MaintenancePhase::Succeeded) => {
+                Probe::Done(())
+            }
+            Ok(nm) => Probe::NotYet(format!("{:?}", nm.status)),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    for (node_name, key) in [(&nodes[0], "medik8s.io/drain"), (&nodes[1], "kubevirt.io/drain")] {
+        let want = vec![k8s_openapi::api::core::v1::Taint {
+            key: key.into(),
+            effect: "NoSchedule".into(),
+            value: None,
+            time_added: None,
+        }];
+        assert_eq!(drain_taints(&node(&env, node_name).await), want, "{node_name}");
+    }
+
+    // Short names: `nm` is medik8s's alone.
+    let crds: Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = Api::all(env.client.clone());
+    for (crd, want) in [
+        ("nodemaintenances.nodemaintenance.medik8s.io", "nm"),
+        ("nodemaintenances.nodemaintenance.kubevirt.io", "nmkv"),
+    ] {
+        let got = crds.get(crd).await.expect("the CRD").spec.names.short_names;
+        assert_eq!(got, Some(vec![want.to_string()]), "{crd}");
+    }
+
+    // Events, as `kubectl get events --field-selector involvedObject.kind=NodeMaintenance` lists them.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(env.client.clone(), "default");
+    let selector = format!(
+        "involvedObject.kind=NodeMaintenance,involvedObject.name={}",
+        m.name_any()
+    );
+    wait_for(
+        "the maintenance's Events by involvedObject.kind",
+        TIMEOUT,
+        || async {
+            match events.list(&ListParams::default().fields(&selector)).await {
+                Ok(l) => {
+                    let reasons: BTreeSet<String> = l.items.into_iter().filter_map(|e| e.reason).collect();
+                    match reasons.contains("BeginMaintenance") && reasons.contains("SucceedMaintenance") {
+                        true => Probe::Done(()),
+                        false => Probe::NotYet(format!("{reasons:?}")),
+                    }
+                }
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        },
+    )
+    .await;
+    op.stop().await;
+    env.cleanup().await;
+}

@@ -26,7 +26,7 @@ pub enum DrainTimeoutPolicy {
 
 /// The desired maintenance, shared by both API groups.
 macro_rules! node_maintenance_spec {
-    ($group:literal, $doc:literal) => {
+    ($group:literal, $shortname:literal, $doc:literal) => {
         #[doc = $doc]
         #[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
         #[kube(
@@ -34,7 +34,7 @@ macro_rules! node_maintenance_spec {
             version = "v1beta1",
             kind = "NodeMaintenance",
             plural = "nodemaintenances",
-            shortname = "nm",
+            shortname = $shortname,
             status = "crate::api::node_maintenance::NodeMaintenanceStatus",
             printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),
             printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
@@ -68,6 +68,7 @@ pub mod medik8s {
     use super::*;
     node_maintenance_spec!(
         "nodemaintenance.medik8s.io",
+        "nm",
         "Puts a node into maintenance: cordon and drain."
     );
 }
@@ -75,8 +76,10 @@ pub mod medik8s {
 /// `nodemaintenance.kubevirt.io/v1beta1`, the kubevirt-era group (same schema).
 pub mod kubevirt {
     use super::*;
+    // Its own short name: `kubectl get nm` must mean one resource (medik8s's).
     node_maintenance_spec!(
         "nodemaintenance.kubevirt.io",
+        "nmkv",
         "Puts a node into maintenance: cordon and drain (kubevirt-era group)."
     );
 }
@@ -170,6 +173,9 @@ pub trait MaintenanceObject:
 {
     /// Which group this type is, for logs and Events.
     const GROUP: &'static str;
+    /// The NoSchedule taint a node in this group's maintenance carries (as
+    /// the Node Maintenance Operator sets it for the group: no value, no timeAdded).
+    const DRAIN_TAINT: &'static str;
     /// `spec.nodeName`: the node to put into maintenance.
     fn node_name(&self) -> &str;
     /// `spec.reason`, if given.
@@ -183,9 +189,10 @@ pub trait MaintenanceObject:
 }
 
 macro_rules! impl_maintenance_object {
-    ($ty:ty, $group:literal) => {
+    ($ty:ty, $group:literal, $taint:literal) => {
         impl MaintenanceObject for $ty {
             const GROUP: &'static str = $group;
+            const DRAIN_TAINT: &'static str = $taint;
             fn node_name(&self) -> &str {
                 &self.spec.node_name
             }
@@ -205,8 +212,16 @@ macro_rules! impl_maintenance_object {
     };
 }
 
-impl_maintenance_object!(medik8s::NodeMaintenance, "nodemaintenance.medik8s.io");
-impl_maintenance_object!(kubevirt::NodeMaintenance, "nodemaintenance.kubevirt.io");
+impl_maintenance_object!(
+    medik8s::NodeMaintenance,
+    "nodemaintenance.medik8s.io",
+    "medik8s.io/drain"
+);
+impl_maintenance_object!(
+    kubevirt::NodeMaintenance,
+    "nodemaintenance.kubevirt.io",
+    "kubevirt.io/drain"
+);
 
 /// Parses a Go-style duration ("90s", "30m", "1h30m", "1.5h", "250ms").
 pub fn parse_duration(s: &str) -> Option<Duration> {

@@ -436,7 +436,9 @@ pub struct NodeMaintenanceReconciler<M: MaintenanceObject> {
     pub queue: WorkQueue<Key<M>>,
 }
 
-fn quarantine_spec() -> Quarantine {
+/// What maintenance does to a node: cordon, the group's drain taint and the
+/// unschedulable taint, and the label that keeps remediation tools away.
+fn quarantine_spec(drain_taint: &str) -> Quarantine {
     let taint = |key: &str| Taint {
         key: key.into(),
         effect: "NoSchedule".into(),
@@ -444,7 +446,7 @@ fn quarantine_spec() -> Quarantine {
     };
     Quarantine {
         cordon: true,
-        taints: vec![taint(DRAIN_TAINT), taint(UNSCHEDULABLE_TAINT)],
+        taints: vec![taint(drain_taint), taint(UNSCHEDULABLE_TAINT)],
         labels: BTreeMap::from([(EXCLUDE_LABEL.to_string(), "true".to_string())]),
     }
 }
@@ -729,7 +731,7 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
     async fn quarantine(&self, node_name: &str, owner: &str) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.ctx.client.clone());
         let node = nodes.get(node_name).await?;
-        match quarantine::apply(&node, &quarantine_spec(), owner) {
+        match quarantine::apply(&node, &quarantine_spec(M::DRAIN_TAINT), owner) {
             Ok(Some(held)) => {
                 self.ctx.leader.ensure_leader()?;
                 // `held` carries the resourceVersion read above: a concurrent
