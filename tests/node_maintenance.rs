@@ -810,3 +810,84 @@ async fn each_group_taints_as_the_node_maintenance_operator_does() {
     op.stop().await;
     env.cleanup().await;
 }
+
+/// Another remediation tool holds the node's Lease: the maintenance waits
+/// (Running, LeaseHeld naming the holder, errorOnLeaseCount counting the
+/// tries) without touching the node, and proceeds once the Lease is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_by_another_tool_makes_the_maintenance_wait() {
+    let env = TestEnv::new("nm-lease").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    let target = env.create_kwok_nodes(1, &[]).await.remove(0);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), "medik8s-leases");
+    let lease_name = format!("node-{target}");
+    let held: Lease = serde_json::from_value(json!({
+        "metadata": {"name": lease_name, "labels": {RUN_LABEL: env.id}},
+        "spec": {
+            "holderIdentity": "self-node-remediation",
+            "leaseDurationSeconds": 3600,
+            "acquireTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            "renewTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        },
+    }))
+    .expect("a Lease");
+    // The namespace exists once any maintenance made a lease; make sure here.
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "medik8s-leases"}})).expect("a namespace");
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+    leases
+        .create(&PostParams::default(), &held)
+        .await
+        .expect("the other tool's lease");
+
+    let m = maintenance(&env, "m", &target, json!({}));
+    create_nm(&env, &m).await;
+    let api: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    let waiting = wait_for("two tries refused by the held lease", TIMEOUT, || async {
+        match api.get(&m.name_any()).await {
+            Ok(nm) => {
+                let s = nm.status.clone().unwrap_or_default();
+                match (s.phase, s.error_on_lease_count) {
+                    (Some(MaintenancePhase::Running), Some(n)) if n >= 2 => Probe::Done(s),
+                    _ => Probe::NotYet(format!("{s:?}")),
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let err = waiting.last_error.unwrap_or_default();
+    assert!(err.contains("self-node-remediation"), "{err}");
+    let reason = waiting
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.reason)
+        .collect::<Vec<_>>();
+    assert!(reason.iter().any(|r| r == "LeaseHeld"), "{reason:?}");
+    assert!(
+        !cordoned(&node(&env, &target).await),
+        "the node is left alone while waiting"
+    );
+
+    // The other tool is done: the maintenance takes the lease and drains.
+    leases
+        .delete(&lease_name, &DeleteParams::default())
+        .await
+        .expect("releasing the other tool's lease");
+    wait_phase(&env.client, &m.name_any(), MaintenancePhase::Succeeded).await;
+    assert!(cordoned(&node(&env, &target).await));
+    let ours = leases.get(&lease_name).await.expect("the lease");
+    assert_eq!(
+        ours.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("node-maintenance")
+    );
+    api.delete(&m.name_any(), &DeleteParams::default())
+        .await
+        .expect("deleting");
+    wait_gone(&env.client, &m.name_any()).await;
+    op.stop().await;
+    env.cleanup().await;
+}
