@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use nodewarden::api::update::NodeVersion;
+use nodewarden::api::update::{NodeVersion, condition, reason};
 use nodewarden::cloud::CloudProvider;
 use nodewarden::cloud::InstanceState;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
@@ -33,6 +33,7 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
     workload(env, "api", 3).await;
 
     let checker = Checker::start(env, 12, 1);
+    let log = ConditionLog::start(env, &env.name("version"));
 
     // An operator's label on one worker must follow it to its heir (and the next).
     let nodes: Api<Node> = Api::all(env.client.clone());
@@ -74,6 +75,21 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
     // The drains' NodeMaintenances went with their nodes.
     wait_none_left::<nodewarden::api::node_maintenance::medik8s::NodeMaintenance>(env).await;
     assert!(found.is_empty(), "invariants breached: {found:#?}");
+    // The conditions told the rollout's story as it went.
+    for (type_, reason) in [
+        (condition::OUTDATED, reason::NODE_VERSIONS_OUT_OF_DATE),
+        (condition::OUTDATED, reason::NODE_VERSIONS_UP_TO_DATE),
+        (condition::PROGRESSING, reason::WAITING_FOR_CONTROL_PLANE),
+        (condition::PROGRESSING, reason::REPLACING_NODES),
+        (condition::PROGRESSING, reason::ROLLOUT_COMPLETE),
+        (condition::DEGRADED, reason::AS_EXPECTED),
+    ] {
+        assert!(
+            log.saw(type_, reason),
+            "{type_}={reason} never shown: {:?}",
+            log.all()
+        );
+    }
     assert!(
         three < one,
         "maxSurge 3 ({three:?}) should beat maxSurge 1 ({one:?})"
@@ -120,9 +136,15 @@ async fn an_instance_that_never_joins_is_deleted_and_replaced() {
     let op = env
         .start_operator_with(MaintenanceConfig::default(), Some(cloud), "operator")
         .await;
+    let log = ConditionLog::start(env, &env.name("version"));
 
     let took = roll(&r, "img-2", 1).await;
     assert_no_leak(&r).await;
+    assert!(
+        log.saw(condition::DEGRADED, reason::JOIN_TIMEOUT),
+        "Degraded=JoinTimeout never shown: {:?}",
+        log.all()
+    );
     let instances = r
         .sim
         .sim
@@ -143,6 +165,31 @@ async fn an_instance_that_never_joins_is_deleted_and_replaced() {
     let created = instances.iter().filter(|i| i.instance.image == "img-2").count();
     assert_eq!(created, 4, "3 replacements plus the one that never joined");
     println!("rollout with an instance that never joined: {took:?}");
+
+    // A managed node no ScalingGroup covers (no provider ID) is named.
+    let stray = env.create_kwok_nodes(1, &[]).await.remove(0);
+    let versions: Api<NodeVersion> = Api::all(env.client.clone());
+    let wanted = (condition::DEGRADED, "True", reason::INVALID_NODES);
+    let message =
+        support::wait_for_condition(&versions, &env.name("version"), wanted, Duration::from_secs(30)).await;
+    assert!(message.contains(&stray), "{message}");
+    let invalid = versions
+        .get(&env.name("version"))
+        .await
+        .expect("the NodeVersion")
+        .status
+        .map(|s| s.invalid)
+        .unwrap_or_default();
+    assert!(
+        invalid.iter().any(|r| r.name.as_deref() == Some(stray.as_str())),
+        "{invalid:?}"
+    );
+    Api::<Node>::all(env.client.clone())
+        .delete(&stray, &Default::default())
+        .await
+        .expect("deleting the stray node");
+    let wanted = (condition::DEGRADED, "False", reason::AS_EXPECTED);
+    support::wait_for_condition(&versions, &env.name("version"), wanted, Duration::from_secs(30)).await;
     op.stop().await;
     let Rollout { env, sim, .. } = r;
     sim.sim.kill().await;

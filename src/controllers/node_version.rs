@@ -188,12 +188,52 @@ fn is_current(nv: &NodeVersion, n: &Node) -> bool {
         && (components.is_empty() || annotation(n, COMPONENTS_ANNOTATION) == Some(components))
 }
 
-/// Outdated, Progressing and Degraded as the counts and the plan say (pure).
+/// Object lists in the status hold at most this many entries: at thousands
+/// of nodes whole lists would outgrow etcd's object size limit. The counts
+/// (`nodes`, `upToDateNodes`, `outdatedNodes`, `replacing`) stay exact.
+pub const STATUS_LIST_LIMIT: usize = 100;
+
+/// What is wrong besides drains, for the Degraded condition.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Problems {
+    /// Instances whose join deadline passed (their PendingNodes, leaving).
+    pub join_timeouts: Vec<String>,
+    /// Managed nodes that belong to no ScalingGroup (no provider ID, or a
+    /// group no ScalingGroup names).
+    pub invalid_nodes: Vec<String>,
+}
+
+/// `names` joined for a message: the first few, then how many more.
+fn name_list(names: &[&str]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = names.iter().take(SHOWN).copied().collect::<Vec<_>>().join(", ");
+    if names.len() > SHOWN {
+        text.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    text
+}
+
+/// Whether worker nodes wait for the control plane: it is replaced first
+/// and some of its nodes are not up to date yet, while workers are outdated.
+fn waiting_for_control_plane(facts: &Facts<'_>) -> bool {
+    let role_of = |group: &str| facts.groups.iter().find(|g| g.id == group).map(|g| g.role);
+    let outdated_in = |role: Role| {
+        facts
+            .nodes
+            .iter()
+            .any(|n| !n.up_to_date && role_of(&n.group) == Some(role))
+    };
+    facts.control_plane_first && outdated_in(Role::ControlPlane) && outdated_in(Role::Worker)
+}
+
+/// Outdated, Progressing and Degraded as the counts, the plan and the
+/// problems say (pure).
 fn rollout_conditions(
     mut conditions: Vec<Condition>,
     facts: &Facts<'_>,
     counts: &rollout::Counts,
     steps: &[Step],
+    problems: &Problems,
     generation: Option<i64>,
     now: Timestamp,
 ) -> Vec<Condition> {
@@ -216,6 +256,8 @@ fn rollout_conditions(
         reason::ROLLOUT_COMPLETE
     } else if waiting_for_group && steps.is_empty() {
         reason::WAITING_FOR_SCALING_GROUP
+    } else if waiting_for_control_plane(facts) {
+        reason::WAITING_FOR_CONTROL_PLANE
     } else {
         reason::REPLACING_NODES
     };
@@ -234,20 +276,53 @@ fn rollout_conditions(
         .filter(|n| n.drain == DrainState::Failed)
         .map(|n| n.name.as_str())
         .collect();
+    fn as_strs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    // The most pressing problem names the reason; the message lists them all.
+    let mut found: Vec<(&str, String)> = Vec::new();
+    if !failed_drains.is_empty() {
+        found.push((
+            reason::DRAIN_TIMEOUT,
+            format!("drains failed: {}", name_list(&failed_drains)),
+        ));
+    }
+    if !problems.join_timeouts.is_empty() {
+        found.push((
+            reason::JOIN_TIMEOUT,
+            format!(
+                "not joined within spec.rollout.joinTimeout, deleted and replaced: {}",
+                name_list(&as_strs(&problems.join_timeouts))
+            ),
+        ));
+    }
+    if !problems.invalid_nodes.is_empty() {
+        found.push((
+            reason::INVALID_NODES,
+            format!(
+                "{} node(s) belong to no ScalingGroup (no provider ID, or a group no ScalingGroup names), see status.invalid: {}",
+                problems.invalid_nodes.len(),
+                name_list(&as_strs(&problems.invalid_nodes))
+            ),
+        ));
+    }
+    let (degraded_reason, message) = match found.first() {
+        None => (reason::AS_EXPECTED, "no problem".to_string()),
+        Some((first, _)) => (
+            *first,
+            found
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+    };
     set_condition(
         &mut conditions,
         condition::DEGRADED,
-        !failed_drains.is_empty(),
-        if failed_drains.is_empty() {
-            reason::AS_EXPECTED
-        } else {
-            reason::DRAIN_TIMEOUT
-        },
-        if failed_drains.is_empty() {
-            "no problem".to_string()
-        } else {
-            format!("drains failed: {}", failed_drains.join(", "))
-        },
+        !found.is_empty(),
+        degraded_reason,
+        message,
         generation,
         now,
     );
@@ -317,8 +392,45 @@ impl NodeVersionReconciler {
         }
         self.record_metrics(nv, &counts, !steps.is_empty());
         self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
-        self.write_status(nv, &facts, &counts, &steps).await?;
+        let problems = Problems {
+            join_timeouts: scope
+                .pending
+                .iter()
+                .filter(|p| {
+                    p.annotations()
+                        .contains_key(super::pending_node::JOIN_TIMED_OUT_ANNOTATION)
+                })
+                .map(|p| p.spec.node_name.clone())
+                .collect(),
+            invalid_nodes: self.invalid_nodes(),
+        };
+        self.write_status(nv, &facts, &counts, &steps, &problems).await?;
         Ok(Action::Done)
+    }
+
+    /// Managed nodes no ScalingGroup covers: no provider ID, or a group
+    /// annotation that names no ScalingGroup (the cloud did not know them,
+    /// or their group has no ScalingGroup yet).
+    fn invalid_nodes(&self) -> Vec<String> {
+        let groups: std::collections::BTreeSet<String> = self
+            .groups
+            .list()
+            .iter()
+            .map(|g| g.spec.group_id.clone())
+            .collect();
+        self.nodes
+            .list()
+            .iter()
+            .filter(|n| {
+                let has_provider = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_deref())
+                    .is_some_and(|p| !p.is_empty());
+                !has_provider || !annotation(n, GROUP_ANNOTATION).is_some_and(|g| groups.contains(g))
+            })
+            .map(|n| n.name_any())
+            .collect()
     }
 
     /// The groups following `nv`, and their nodes and PendingNodes (reads only).
@@ -928,6 +1040,7 @@ impl NodeVersionReconciler {
         facts: &Facts<'_>,
         counts: &rollout::Counts,
         steps: &[Step],
+        problems: &Problems,
     ) -> Result<()> {
         let mut status: NodeVersionStatus = nv.status_or_default();
         let refs = |f: &dyn Fn(&NodeFacts) -> bool| -> Vec<ObjectReference> {
@@ -935,6 +1048,7 @@ impl NodeVersionReconciler {
                 .nodes
                 .iter()
                 .filter(|n| f(n))
+                .take(STATUS_LIST_LIMIT)
                 .map(|n| reference(&n.name))
                 .collect()
         };
@@ -943,9 +1057,16 @@ impl NodeVersionReconciler {
         status.donors = refs(&|n| !n.up_to_date && n.donor_to.is_some());
         status.heirs = refs(&|n| n.heir_of.is_some());
         status.mints = refs(&|n| n.up_to_date && n.joining && n.heir_of.is_none());
+        status.invalid = problems
+            .invalid_nodes
+            .iter()
+            .take(STATUS_LIST_LIMIT)
+            .map(|n| reference(n))
+            .collect();
         status.pending = facts
             .joins
             .iter()
+            .take(STATUS_LIST_LIMIT)
             .map(|j| ObjectReference {
                 kind: Some("PendingNode".into()),
                 name: Some(j.pending.clone()),
@@ -964,6 +1085,7 @@ impl NodeVersionReconciler {
             facts,
             counts,
             steps,
+            problems,
             nv.metadata.generation,
             Timestamp::now(),
         );
@@ -978,5 +1100,157 @@ impl NodeVersionReconciler {
         )
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(id: &str, role: Role) -> GroupFacts {
+        GroupFacts {
+            id: id.into(),
+            role,
+            image_ready: true,
+        }
+    }
+
+    fn node(name: &str, group: &str, up_to_date: bool) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            group: group.into(),
+            up_to_date,
+            ready: true,
+            ..Default::default()
+        }
+    }
+
+    fn reasons(conditions: &[Condition]) -> BTreeMap<String, (String, String)> {
+        conditions
+            .iter()
+            .map(|c| (c.type_.clone(), (c.status.clone(), c.reason.clone())))
+            .collect()
+    }
+
+    #[test]
+    fn every_declared_reason_is_set_when_it_happens() {
+        let groups = [group("cp", Role::ControlPlane), group("w", Role::Worker)];
+        let cp_outdated = [node("c1", "cp", false), node("w1", "w", false)];
+        let workers_outdated = [node("c1", "cp", true), node("w1", "w", false)];
+        let all_current = [node("c1", "cp", true), node("w1", "w", true)];
+        let drain_failed = [NodeFacts {
+            drain: DrainState::Failed,
+            ..node("w1", "w", false)
+        }];
+        let timeouts = Problems {
+            join_timeouts: vec!["w-new".into()],
+            ..Default::default()
+        };
+        let invalid = Problems {
+            invalid_nodes: vec!["stray".into()],
+            ..Default::default()
+        };
+        let none = Problems::default();
+        // (what, nodes, control-plane first, problems, Progressing reason, Degraded reason)
+        type Case<'a> = (&'a str, &'a [NodeFacts], bool, &'a Problems, &'a str, &'a str);
+        let cases: [Case; 7] = [
+            (
+                "complete",
+                &all_current,
+                true,
+                &none,
+                reason::ROLLOUT_COMPLETE,
+                reason::AS_EXPECTED,
+            ),
+            (
+                "workers wait",
+                &cp_outdated,
+                true,
+                &none,
+                reason::WAITING_FOR_CONTROL_PLANE,
+                reason::AS_EXPECTED,
+            ),
+            (
+                "both at once",
+                &cp_outdated,
+                false,
+                &none,
+                reason::REPLACING_NODES,
+                reason::AS_EXPECTED,
+            ),
+            (
+                "workers' turn",
+                &workers_outdated,
+                true,
+                &none,
+                reason::REPLACING_NODES,
+                reason::AS_EXPECTED,
+            ),
+            (
+                "drain failed",
+                &drain_failed,
+                true,
+                &none,
+                reason::REPLACING_NODES,
+                reason::DRAIN_TIMEOUT,
+            ),
+            (
+                "join timeout",
+                &workers_outdated,
+                true,
+                &timeouts,
+                reason::REPLACING_NODES,
+                reason::JOIN_TIMEOUT,
+            ),
+            (
+                "invalid nodes",
+                &all_current,
+                true,
+                &invalid,
+                reason::ROLLOUT_COMPLETE,
+                reason::INVALID_NODES,
+            ),
+        ];
+        for (what, nodes, cp_first, problems, progressing, degraded) in cases {
+            let facts = Facts {
+                groups: &groups,
+                nodes,
+                joins: &[],
+                max_surge: 1,
+                max_unavailable: 0,
+                control_plane_first: cp_first,
+            };
+            let counts = rollout::counts(&facts);
+            let steps = rollout::plan(&facts);
+            let got = rollout_conditions(
+                Vec::new(),
+                &facts,
+                &counts,
+                &steps,
+                problems,
+                Some(3),
+                Timestamp::now(),
+            );
+            let got = reasons(&got);
+            assert_eq!(got[condition::PROGRESSING].1, progressing, "{what}");
+            assert_eq!(got[condition::DEGRADED].1, degraded, "{what}");
+            assert_eq!(
+                got[condition::DEGRADED].0,
+                if degraded == reason::AS_EXPECTED {
+                    "False"
+                } else {
+                    "True"
+                },
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn long_name_lists_are_cut_in_messages() {
+        let names: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        assert_eq!(name_list(&names[..2]), "n0, n1");
+        assert_eq!(name_list(&names), "n0, n1, n2, n3, n4 and 3 more");
     }
 }

@@ -98,6 +98,10 @@ fn csp_state(state: Option<InstanceState>) -> CspNodeState {
     }
 }
 
+/// On a PendingNode whose instance did not join in time (and is being
+/// deleted): when that was decided.
+pub const JOIN_TIMED_OUT_ANNOTATION: &str = "nodewarden.dev/join-timed-out";
+
 /// The PendingNode controller: its PendingNodes, and the Nodes they name.
 pub fn register(manager: &mut Manager, app: &App) {
     let Some(cloud) = app.cloud.clone() else {
@@ -199,7 +203,11 @@ impl Reconciler for PendingNodeReconciler {
                 let deadline = Timestamp::now()
                     .checked_add(SignedDuration::from_secs(LEAVE_DEADLINE_SECS))
                     .unwrap_or(Timestamp::now());
-                let patch = json!({"spec": {"goal": "Leave", "deadline": Time(deadline)}});
+                // Marked, so its NodeVersion says JoinTimeout while it goes.
+                let patch = json!({
+                    "metadata": {"annotations": {JOIN_TIMED_OUT_ANNOTATION: Timestamp::now().to_string()}},
+                    "spec": {"goal": "Leave", "deadline": Time(deadline)},
+                });
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
                 Ok(Action::RequeueAfter(POLL))

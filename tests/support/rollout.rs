@@ -470,3 +470,50 @@ pub async fn assert_no_leak(r: &Rollout) {
     )
     .await;
 }
+
+/// Every (condition type, reason) the NodeVersion `name` showed while this
+/// ran, seen through a watch (so short-lived states are not missed).
+pub struct ConditionLog {
+    seen: Arc<Mutex<BTreeSet<(String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ConditionLog {
+    pub fn start(env: &TestEnv, name: &str) -> ConditionLog {
+        use futures::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        let api: Api<NodeVersion> = Api::all(env.client.clone());
+        let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut events = kube::runtime::watcher(api, config).applied_objects().boxed();
+            while let Some(event) = events.next().await {
+                let Ok(nv) = event else { continue };
+                let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
+                for c in nv.status.map(|s| s.conditions).unwrap_or_default() {
+                    seen.insert((c.type_, c.reason));
+                }
+            }
+        });
+        ConditionLog { seen, task }
+    }
+
+    /// Whether condition `type_` was ever seen with `reason`.
+    pub fn saw(&self, type_: &str, reason: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(type_.to_string(), reason.to_string()))
+    }
+
+    pub fn all(&self) -> BTreeSet<(String, String)> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Drop for ConditionLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
