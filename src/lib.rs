@@ -6,6 +6,7 @@
 //! hand-written watch/queue/leader machinery, `http` the health and metrics
 //! server, `telemetry` logging and metrics setup.
 
+pub mod admission;
 pub mod api;
 pub mod client;
 pub mod cloud;

@@ -118,6 +118,16 @@ struct RunArgs {
     /// Retries of a failed upgrade pod before its Job fails.
     #[arg(long, default_value_t = 2)]
     plan_job_backoff_limit: i32,
+    /// Serve the validating admission webhook (HTTPS) on this address, e.g.
+    /// 0.0.0.0:9443; unset: no webhook.
+    #[arg(long, env = "NODEWARDEN_WEBHOOK_ADDR")]
+    webhook_addr: Option<SocketAddr>,
+    /// The webhook's Secret (CA and serving certificate, made by nodewarden).
+    #[arg(long, default_value = "nodewarden-webhook-tls")]
+    webhook_secret: String,
+    /// The ValidatingWebhookConfiguration whose caBundle nodewarden keeps current.
+    #[arg(long, default_value = "nodewarden")]
+    webhook_configuration: String,
     /// Path of a kubeconfig (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -195,6 +205,13 @@ fn seconds(s: f64, flag: &str) -> anyhow::Result<Duration> {
 
 async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
     let cloud = cloud(&args).await?;
+    let admission = args.webhook_addr.map(|addr| {
+        let mut a = nodewarden::admission::AdmissionConfig::in_namespace(addr, &args.lease_namespace);
+        a.secret = args.webhook_secret.clone();
+        a.webhook_configuration = args.webhook_configuration.clone();
+        a.node_selector = args.node_selector.clone();
+        a
+    });
     let mut leader = LeaderElectionConfig::new(args.lease_namespace, args.lease_name, identity);
     leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
     leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
@@ -212,6 +229,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         workers: args.workers,
         cloud,
         discover_scaling_groups: args.discover_scaling_groups,
+        admission,
         bare_metal: match args.sip.as_str() {
             "on" => Some(true),
             "off" => Some(false),

@@ -44,6 +44,8 @@ pub struct OperatorConfig {
     /// Run the SIPCluster controller (it needs metal3's BareMetalHost API);
     /// None: run it when that API is installed.
     pub bare_metal: Option<bool>,
+    /// Serve the validating admission webhook (every replica); None: off.
+    pub admission: Option<crate::admission::AdmissionConfig>,
 }
 
 /// Why the operator could not start.
@@ -85,7 +87,31 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
     if let Some(node_version) = config.discover_scaling_groups.clone() {
         scaling_group::register_discovery(&mut manager, &app, node_version);
     }
+    if let Some(admission) = config.admission.clone() {
+        register_admission(&mut manager, admission);
+    }
     Ok(manager)
+}
+
+/// The webhook on every replica: its server and its certificate keeper.
+fn register_admission(manager: &mut Manager, config: crate::admission::AdmissionConfig) {
+    use crate::admission::server;
+    let resolver = Arc::new(server::CertResolver::default());
+    let (client, keeper_config, keeper_resolver) =
+        (manager.client().clone(), config.clone(), resolver.clone());
+    manager.add_task(Box::new(move |leader, stop| {
+        Box::pin(server::keep_certificates(
+            client,
+            keeper_config,
+            keeper_resolver,
+            leader,
+            stop,
+        ))
+    }));
+    let client = manager.client().clone();
+    manager.add_task(Box::new(move |_, stop| {
+        Box::pin(server::serve(client, config, resolver, stop))
+    }));
 }
 
 /// Runs the operator until `shutdown` is cancelled, then stops the workers

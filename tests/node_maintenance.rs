@@ -548,7 +548,11 @@ async fn bad_input_gets_a_clear_answer() {
         )
         .await
         .expect_err("nodeName is immutable");
-    assert!(err.to_string().contains("nodeName is immutable"), "{err}");
+    // The Node Maintenance Operator's words.
+    assert!(
+        err.to_string().contains("updating spec.NodeName isn't allowed"),
+        "{err}"
+    );
 
     // A second NodeMaintenance for a node: Failed, naming the first.
     let target = env.create_kwok_nodes(1, &[]).await.remove(0);

@@ -46,7 +46,7 @@ macro_rules! node_maintenance_spec {
         #[serde(rename_all = "camelCase")]
         pub struct NodeMaintenanceSpec {
             /// The node to put into maintenance. Required; cannot be changed.
-            #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("nodeName is immutable"))]
+            #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("updating spec.NodeName isn't allowed"))]
             #[x_kube(validation = kube::core::Rule::new("self != ''").message("nodeName must not be empty"))]
             pub node_name: String,
             /// Why the node is in maintenance (for humans).

@@ -11,10 +11,11 @@
 //! CRDs), `env` (one test's namespace, run id, Nodes and Deployments, cleanup),
 //! `wait` (probes polled until done), `proxy` (a TCP proxy that cuts and stalls
 //! connections to the API server), `operator` (the operator under test, run
-//! in-process); `manifests`, `aws` (moto, Auto Scaling groups, a joiner), `jaeger`, `sim`, `rollout`, `plans`, `metal3` (metal3's genuine BareMetalHost CRD), `sip` and `replicas` (nodewarden
+//! in-process); `admission` (a webhook configuration pointing at a test's webhook), `manifests`, `aws` (moto, Auto Scaling groups, a joiner), `jaeger`, `sim`, `rollout`, `plans`, `metal3` (metal3's genuine BareMetalHost CRD), `sip` and `replicas` (nodewarden
 //! run as processes, like the pods of its Deployment) for the tests that need them. Tests use the names re-exported here.
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
+pub mod admission;
 pub mod aws;
 pub mod jaeger;
 pub mod manifests;

@@ -75,6 +75,7 @@ impl TestEnv {
             workers: 8,
             cloud,
             discover_scaling_groups: None,
+            admission: None,
             // Every test's operator serves SIPClusters: install_crds installs metal3's API.
             bare_metal: Some(true),
             plans: nodewarden::controllers::plan::PlanConfig {

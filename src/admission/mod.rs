@@ -1,0 +1,67 @@
+//! The validating admission webhook, served over TLS by every replica (not
+//! only the leader: admission must not wait for a failover).
+//!
+//! - [`rules`]: what is allowed, as pure functions (NodeMaintenance in both
+//!   groups with the Node Maintenance Operator's messages, ScalingGroups
+//!   naming a NodeVersion).
+//! - [`certs`]: the CA and serving certificate nodewarden makes for itself.
+//! - [`server`]: the HTTPS endpoint, what it reads to decide, and the task
+//!   that keeps the certificates (and the configuration's caBundle) current.
+//!
+//! Reads are live (GET/LIST at the API server), not from the caches: two
+//! NodeMaintenances created a moment apart must see each other, and
+//! admission is rare enough for that to cost nothing.
+
+pub mod certs;
+pub mod rules;
+pub mod server;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use certs::ServingNames;
+
+/// Where and how the webhook is served.
+#[derive(Clone, Debug)]
+pub struct AdmissionConfig {
+    /// The HTTPS address (the Deployment's container port 9443).
+    pub addr: SocketAddr,
+    /// Namespace of the certificate Secret (the operator's own).
+    pub namespace: String,
+    /// Name of the certificate Secret.
+    pub secret: String,
+    /// The ValidatingWebhookConfiguration whose caBundle the leader keeps current.
+    pub webhook_configuration: String,
+    /// Names the serving certificate is valid for.
+    pub names: ServingNames,
+    /// Only Nodes matching this label selector count as the control plane
+    /// whose quorum is guarded (the operator's --node-selector).
+    pub node_selector: Option<String>,
+    /// How often the Secret is read again (new certificate, renewal) and the
+    /// caBundle checked.
+    pub refresh: Duration,
+}
+
+impl AdmissionConfig {
+    /// The in-cluster shape: Secret `nodewarden-webhook-tls`, configuration
+    /// `nodewarden`, a certificate for the Service `nodewarden-webhook`.
+    pub fn in_namespace(addr: SocketAddr, namespace: &str) -> AdmissionConfig {
+        let service = "nodewarden-webhook";
+        AdmissionConfig {
+            addr,
+            namespace: namespace.to_string(),
+            secret: "nodewarden-webhook-tls".into(),
+            webhook_configuration: "nodewarden".into(),
+            names: ServingNames {
+                dns: vec![
+                    format!("{service}.{namespace}.svc"),
+                    format!("{service}.{namespace}.svc.cluster.local"),
+                    format!("{service}.{namespace}"),
+                ],
+                ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+            },
+            node_selector: None,
+            refresh: Duration::from_secs(60),
+        }
+    }
+}

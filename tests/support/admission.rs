@@ -1,0 +1,79 @@
+//! The admission webhook in tests: a ValidatingWebhookConfiguration that
+//! sends the test's objects (selected by its run label) to a webhook at a
+//! URL on loopback, and waiting until the API server calls it.
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+
+use super::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
+
+/// A free loopback port (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Creates the configuration `name`: NodeMaintenances (both groups) and
+/// ScalingGroups of this test go to `https://127.0.0.1:<port>/validate`,
+/// failurePolicy Fail, 5 s timeout; no caBundle (nodewarden sets it).
+pub async fn create_configuration(env: &TestEnv, name: &str, port: u16) {
+    let rules = json!([
+        {"apiGroups": ["nodemaintenance.medik8s.io", "nodemaintenance.kubevirt.io"], "apiVersions": ["v1beta1"],
+         "operations": ["CREATE", "UPDATE"], "resources": ["nodemaintenances"], "scope": "Cluster"},
+        {"apiGroups": ["update.edgeless.systems"], "apiVersions": ["v1alpha1"],
+         "operations": ["CREATE", "UPDATE"], "resources": ["scalinggroups"], "scope": "Cluster"},
+    ]);
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {RUN_LABEL: env.id}},
+        "webhooks": [{
+            "name": "validate.nodewarden.dev",
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
+            "rules": rules,
+            "objectSelector": {"matchLabels": {RUN_LABEL: env.id}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"],
+        }],
+    }))
+    .expect("a ValidatingWebhookConfiguration");
+    Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
+        .create(&PostParams::default(), &vwc)
+        .await
+        .expect("creating the webhook configuration");
+}
+
+/// Waits until nodewarden has put its CA into the configuration.
+pub async fn wait_ca_bundle(env: &TestEnv, name: &str) {
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+    wait_for(
+        "the caBundle set by nodewarden",
+        Duration::from_secs(30),
+        || async {
+            match api.get(name).await {
+                Ok(v) => match v
+                    .webhooks
+                    .unwrap_or_default()
+                    .first()
+                    .and_then(|w| w.client_config.ca_bundle.clone())
+                {
+                    Some(ca) if !ca.0.is_empty() => Probe::Done(()),
+                    other => Probe::NotYet(format!("{other:?}")),
+                },
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        },
+    )
+    .await;
+}
+
+pub async fn delete_configuration(env: &TestEnv, name: &str) {
+    let _ = Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
+        .delete(name, &DeleteParams::default())
+        .await;
+}
