@@ -38,7 +38,9 @@ fn shipped_container(docs: &[Value]) -> (Vec<String>, BTreeMap<String, String>) 
         .into_iter()
         .flatten()
         .filter_map(|a| a.as_str())
-        .filter(|a| *a != "run" && !a.starts_with("--http-addr"))
+        // Per replica here (the webhook has its own tests: three local
+        // processes cannot share its port).
+        .filter(|a| *a != "run" && !a.starts_with("--http-addr") && !a.starts_with("--webhook-addr"))
         .map(String::from)
         .collect();
     let mut env = BTreeMap::new();

@@ -61,7 +61,7 @@ impl AdmissionConfig {
                 ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
             },
             node_selector: None,
-            refresh: Duration::from_secs(60),
+            refresh: Duration::from_secs(10),
         }
     }
 }

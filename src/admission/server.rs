@@ -316,16 +316,36 @@ pub async fn keep_certificates(
     leader: LeaderHandle,
     stop: CancellationToken,
 ) {
+    let mut leading = leader.subscribe();
     loop {
-        match keep_once(&client, &config, &resolver, &leader).await {
-            Ok(()) => {}
-            Err(e) => tracing::warn!(error = %e, "keeping the webhook's certificates"),
+        // Twice at most: a replica that lost the race to create the Secret
+        // serves the winner's certificate at once.
+        for _ in 0..2 {
+            match keep_once(&client, &config, &resolver, &leader).await {
+                Ok(Kept::Done) => break,
+                Ok(Kept::ReadAgain) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "keeping the webhook's certificates");
+                    break;
+                }
+            }
         }
+        // Again after `refresh`, or at once when leadership changes (a new
+        // leader checks the caBundle and the renewal without waiting).
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(config.refresh) => {}
+            changed = leading.changed() => if changed.is_err() { return },
         }
     }
+}
+
+/// What one round of [`keep_certificates`] came to.
+enum Kept {
+    /// The certificate in the Secret is served (and the caBundle set, when leading).
+    Done,
+    /// Another replica wrote the Secret first: read it again.
+    ReadAgain,
 }
 
 async fn keep_once(
@@ -333,7 +353,7 @@ async fn keep_once(
     config: &AdmissionConfig,
     resolver: &CertResolver,
     leader: &LeaderHandle,
-) -> Result<(), String> {
+) -> Result<Kept, String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &config.namespace);
     let found = secrets
         .get_opt(&config.secret)
@@ -361,7 +381,7 @@ async fn keep_once(
                     made
                 }
                 // Another replica made it first: serve its certificate.
-                Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => return Ok(Kept::ReadAgain),
                 Err(e) => return Err(format!("creating Secret {}: {e}", config.secret)),
             }
         }
@@ -401,7 +421,7 @@ async fn keep_once(
     if leader.is_leader() {
         ensure_ca_bundle(client, &config.webhook_configuration, &bundle.ca_cert).await?;
     }
-    Ok(())
+    Ok(Kept::Done)
 }
 
 fn secret(config: &AdmissionConfig, bundle: &CertBundle, resource_version: Option<String>) -> Secret {

@@ -77,3 +77,50 @@ pub async fn delete_configuration(env: &TestEnv, name: &str) {
         .delete(name, &DeleteParams::default())
         .await;
 }
+
+/// A TCP balancer on loopback in front of the replicas' webhooks, as the
+/// webhook Service is in a cluster: each connection goes to the next
+/// backend that accepts it (a killed replica refuses, so its turn passes).
+pub struct Balancer {
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Balancer {
+    pub async fn start(backends: Vec<u16>) -> Balancer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the balancer");
+        let port = listener.local_addr().expect("an address").port();
+        let task = tokio::spawn(async move {
+            let mut next = 0usize;
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                let order: Vec<u16> = (0..backends.len())
+                    .map(|i| backends[(next + i) % backends.len()])
+                    .collect();
+                next = next.wrapping_add(1);
+                tokio::spawn(async move {
+                    for backend in order {
+                        let connect = tokio::net::TcpStream::connect(("127.0.0.1", backend));
+                        if let Ok(Ok(mut outbound)) =
+                            tokio::time::timeout(Duration::from_secs(1), connect).await
+                        {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Balancer { port, task }
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

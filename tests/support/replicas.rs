@@ -60,6 +60,10 @@ pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf 
     path
 }
 
+/// In `extra_env` of [`Replicas::start_with_env`]: every replica serves the
+/// admission webhook on a loopback port of its own (see `Replicas::webhook`).
+pub const SERVE_WEBHOOK: &str = "NODEWARDEN_TEST_SERVE_WEBHOOK";
+
 /// A directory for the replicas' logs and kubeconfig, kept after the test
 /// (a failure is explained there) and printed.
 pub fn replica_log_dir(run_id: &str) -> PathBuf {
@@ -85,6 +89,9 @@ pub struct Replicas {
     pub envs: Vec<(String, String)>,
     pub logs: PathBuf,
     pub running: Vec<Replica>,
+    /// Each replica's webhook port, when they serve the admission webhook
+    /// (kept across restarts, like a pod's).
+    pub webhook: Option<BTreeMap<String, u16>>,
 }
 
 impl Replicas {
@@ -162,6 +169,10 @@ impl Replicas {
             http: BTreeMap::new(),
             logs: logs.to_path_buf(),
             running: Vec::new(),
+            webhook: extra_env
+                .iter()
+                .any(|(k, _)| k == SERVE_WEBHOOK)
+                .then(BTreeMap::new),
         };
         for i in 0..count {
             let replica = replicas.spawn(&format!("{}-replica-{i}", env.id));
@@ -196,10 +207,20 @@ impl Replicas {
             .append(true)
             .open(self.logs.join(format!("{identity}.log")))
             .expect("a log file");
+        let webhook: Vec<String> = match self.webhook.as_mut() {
+            Some(ports) => {
+                let port = *ports
+                    .entry(identity.to_string())
+                    .or_insert_with(super::admission::free_port);
+                vec!["--webhook-addr".into(), format!("127.0.0.1:{port}")]
+            }
+            None => Vec::new(),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_nodewarden"))
             .arg("run")
             .args(&self.args)
             .args(["--identity", identity, "--http-addr", &http])
+            .args(&webhook)
             .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
