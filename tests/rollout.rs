@@ -449,3 +449,130 @@ async fn a_rollout_resumes_from_the_states_a_killed_leader_leaves() {
     sim.sim.kill().await;
     env.cleanup().await;
 }
+
+/// Plays Constellation's join service until stopped: every node of the run
+/// without a components annotation gets a JoiningNode naming the components
+/// the NodeVersion asks for now (with a deadline), as a node that joins is
+/// given them. Returns how many JoiningNodes it made.
+async fn join_service(client: kube::Client, run_id: String, stop: CancellationToken) -> usize {
+    use nodewarden::api::update::JoiningNode;
+    use nodewarden::controllers::node_version::COMPONENTS_ANNOTATION;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let versions: Api<NodeVersion> = Api::all(client.clone());
+    let joining: Api<JoiningNode> = Api::all(client);
+    let selector = format!("{RUN_LABEL}={run_id}");
+    let mut made = BTreeSet::new();
+    while !stop.is_cancelled() {
+        let wanted = versions
+            .get(&format!("{run_id}-version"))
+            .await
+            .map(|v| v.spec.kubernetes_components_reference)
+            .unwrap_or_default();
+        if let Ok(list) = nodes.list(&ListParams::default().labels(&selector)).await {
+            for n in list.items {
+                let name = n.name_any();
+                if n.annotations().contains_key(COMPONENTS_ANNOTATION) || made.contains(&name) {
+                    continue;
+                }
+                let deadline =
+                    k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(300);
+                let jn: JoiningNode = serde_json::from_value(json!({
+                    "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "JoiningNode",
+                    "metadata": {"name": name, "labels": {RUN_LABEL: run_id}},
+                    "spec": {"name": name, "componentsreference": wanted, "deadline": deadline.to_string()},
+                }))
+                .expect("a JoiningNode");
+                if joining.create(&PostParams::default(), &jn).await.is_ok() {
+                    made.insert(name);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    made.len()
+}
+
+/// A new `kubernetesComponentsReference` replaces every node as a new image
+/// does; each new node gets its components through a JoiningNode (its
+/// annotation set by nodewarden, the JoiningNode then removed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_kubernetes_components_roll_every_node_through_joining_nodes() {
+    use nodewarden::api::update::JoiningNode;
+    use nodewarden::controllers::node_version::COMPONENTS_ANNOTATION;
+    let r = setup(
+        "components",
+        &[("cp", "ControlPlane", 1), ("workers", "Worker", 3)],
+    )
+    .await;
+    let env = &r.env;
+    let versions: Api<NodeVersion> = Api::all(env.client.clone());
+    let components = |c: &str| json!({"spec": {"kubernetesComponentsReference": c}});
+    versions
+        .patch(
+            &env.name("version"),
+            &PatchParams::default(),
+            &Patch::Merge(&components("k8s-components-1")),
+        )
+        .await
+        .expect("the first components");
+    let stop = CancellationToken::new();
+    let service = tokio::spawn(join_service(env.client.clone(), env.id.clone(), stop.clone()));
+    let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
+    let op = env
+        .start_operator_with(MaintenanceConfig::default(), Some(cloud), "operator")
+        .await;
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let on = |want: &'static str| {
+        let (nodes, selector) = (nodes.clone(), env.run_selector());
+        async move {
+            match nodes.list(&ListParams::default().labels(&selector)).await {
+                Ok(l) => {
+                    let current = l
+                        .items
+                        .iter()
+                        .filter(|n| {
+                            n.annotations().get(COMPONENTS_ANNOTATION).map(String::as_str) == Some(want)
+                        })
+                        .count();
+                    match (current, l.items.len()) {
+                        (4, 4) => Probe::Done(l.items.iter().map(|n| n.name_any()).collect::<BTreeSet<_>>()),
+                        (c, t) => Probe::NotYet(format!("{c} of {t} nodes on {want}")),
+                    }
+                }
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        }
+    };
+    let before = wait_for("4 nodes on k8s-components-1", Duration::from_secs(60), || {
+        on("k8s-components-1")
+    })
+    .await;
+    let checker = Checker::start(env, 4, 1);
+    versions
+        .patch(
+            &env.name("version"),
+            &PatchParams::default(),
+            &Patch::Merge(&components("k8s-components-2")),
+        )
+        .await
+        .expect("new components");
+    let after = wait_for("4 nodes on k8s-components-2", Duration::from_secs(120), || {
+        on("k8s-components-2")
+    })
+    .await;
+    let found = checker.finish().await;
+    assert!(found.is_empty(), "invariants breached: {found:#?}");
+    assert!(
+        before.is_disjoint(&after),
+        "every node was replaced: {before:?} then {after:?}"
+    );
+    stop.cancel();
+    let made = service.await.expect("the join service");
+    assert_eq!(made, 8, "a JoiningNode per node: 4 at the start, 4 replacements");
+    wait_none_left::<JoiningNode>(env).await;
+    assert_no_leak(&r).await;
+    op.stop().await;
+    let Rollout { env, sim, .. } = r;
+    sim.sim.kill().await;
+    env.cleanup().await;
+}

@@ -181,6 +181,14 @@ struct Joins {
     pending: Vec<JoinFacts>,
 }
 
+/// Has `n` the annotations `is_current` judges by: its image, and its
+/// components when `nv` names components (set by its JoiningNode).
+fn annotated(nv: &NodeVersion, n: &Node) -> bool {
+    annotation(n, IMAGE_ANNOTATION).is_some()
+        && (nv.spec.kubernetes_components_reference.is_empty()
+            || annotation(n, COMPONENTS_ANNOTATION).is_some())
+}
+
 /// Does `n` run what `nv` asks for (image, and components when set)?
 fn is_current(nv: &NodeVersion, n: &Node) -> bool {
     let components = nv.spec.kubernetes_components_reference.as_str();
@@ -492,7 +500,9 @@ impl NodeVersionReconciler {
                 {
                     delete_if_present(&pending_api, &p.name_any(), &DeleteParams::default()).await?;
                 }
-                Some(n) if annotation(n, IMAGE_ANNOTATION).is_some() && !is_current(nv, n) => {
+                // Judged only once annotated: a node that just joined gets its
+                // components annotation from its JoiningNode a moment later.
+                Some(n) if annotated(nv, n) && !is_current(nv, n) => {
                     self.mark_surplus(&n.name_any(), "it joined on an image the rollout no longer wants")
                         .await?;
                     joins.surplus.push(n.name_any());
@@ -515,10 +525,14 @@ impl NodeVersionReconciler {
             .iter()
             .map(|n| {
                 let name = n.name_any();
+                // A joining node not annotated yet is a replacement on its
+                // way: neither outdated (no donor, nothing to replace) nor
+                // Ready to be paired until its annotations say what it runs.
+                let awaiting = joins.joining.contains(&name) && !annotated(nv, n);
                 NodeFacts {
                     group: annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string(),
-                    up_to_date: is_current(nv, n),
-                    ready: node_is_ready(n),
+                    up_to_date: awaiting || is_current(nv, n),
+                    ready: !awaiting && node_is_ready(n),
                     // A pairing ends when its donor is gone: the heir is then
                     // an ordinary node (and may itself be replaced later).
                     heir_of: annotation(n, DONOR_ANNOTATION)
