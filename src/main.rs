@@ -125,6 +125,10 @@ struct RunArgs {
     /// The webhook's Secret (CA and serving certificate, made by nodewarden).
     #[arg(long, default_value = "nodewarden-webhook-tls")]
     webhook_secret: String,
+    /// Who makes the webhook's certificates: `own` (nodewarden: CA, renewal,
+    /// caBundle) or `cert-manager` (it fills the Secret and the caBundle).
+    #[arg(long, default_value = "own", value_parser = ["own", "cert-manager"])]
+    webhook_certs: String,
     /// The ValidatingWebhookConfiguration whose caBundle nodewarden keeps current.
     #[arg(long, default_value = "nodewarden")]
     webhook_configuration: String,
@@ -210,6 +214,9 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         a.secret = args.webhook_secret.clone();
         a.webhook_configuration = args.webhook_configuration.clone();
         a.node_selector = args.node_selector.clone();
+        if args.webhook_certs == "cert-manager" {
+            a.certificates = nodewarden::admission::CertSource::CertManager;
+        }
         a
     });
     let mut leader = LeaderElectionConfig::new(args.lease_namespace, args.lease_name, identity);

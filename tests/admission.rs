@@ -53,6 +53,7 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
             dns: Vec::new(),
             ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
         },
+        certificates: Default::default(),
         node_selector: Some(env.run_selector()),
         refresh: Duration::from_secs(1),
     });
@@ -66,8 +67,10 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
     let refused = wait_for("the webhook's first refusal", Duration::from_secs(30), || async {
         let nm = maintenance(&env, &format!("missing-{}", rand_suffix()), &missing);
         match create(&nms, &nm).await {
-            Err(message) => Probe::Done(message),
-            Ok(()) => Probe::NotYet("admitted (the configuration is not in use yet)".into()),
+            Err(message) if message.contains("invalid nodeName") => Probe::Done(message),
+            // Until the API server uses the configuration with its caBundle
+            // and the webhook serves its certificate, calls pass or fail.
+            other => Probe::NotYet(format!("{other:?}")),
         }
     })
     .await;
@@ -157,4 +160,110 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
 
 fn rand_suffix() -> String {
     format!("{:x}", rand::random::<u32>())
+}
+
+/// With `--webhook-certs=cert-manager` nodewarden serves the certificate
+/// cert-manager wrote and touches neither the Secret nor the caBundle (the
+/// test writes both, as cert-manager and its CA injector do); the
+/// `manifests/cert-manager` component renders that setup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_from_cert_manager_are_served_as_they_are() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Secret;
+    use nodewarden::admission::{CertSource, certs};
+
+    // The component, rendered over the base.
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let overlay = repo.join("target/kustomize-cert-manager");
+    std::fs::create_dir_all(&overlay).expect("an overlay dir");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "resources: [../../manifests/base]\ncomponents: [../../manifests/cert-manager]\n",
+    )
+    .expect("writing the overlay");
+    let docs = support::manifests::kustomize(&overlay);
+    let find = |kind: &str, name: &str| support::manifests::find(&docs, kind, name).clone();
+    assert_eq!(
+        find("Certificate", "nodewarden-webhook")["spec"]["secretName"],
+        "nodewarden-webhook-tls"
+    );
+    assert_eq!(
+        find("ValidatingWebhookConfiguration", "nodewarden")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "nodewarden-system/nodewarden-webhook"
+    );
+    let args = find("Deployment", "nodewarden")["spec"]["template"]["spec"]["containers"][0]["args"].clone();
+    assert!(
+        args.as_array()
+            .is_some_and(|a| a.iter().any(|v| v == "--webhook-certs=cert-manager")),
+        "{args}"
+    );
+
+    // What cert-manager and its CA injector would have written.
+    let env = TestEnv::new("admission-cm").await;
+    let port = free_port();
+    let names = ServingNames {
+        dns: Vec::new(),
+        ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+    };
+    let issued = certs::generate(&names, k8s_openapi::jiff::Timestamp::now()).expect("certificates");
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": env.name("tls")},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": issued.tls_cert, "tls.key": issued.tls_key, "ca.crt": issued.ca_cert},
+    }))
+    .expect("a Secret");
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.namespace);
+    let written = secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the Secret");
+    let configuration = env.name("webhook");
+    create_configuration(&env, &configuration, port).await;
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+    let mut vwc = vwcs.get(&configuration).await.expect("the configuration");
+    for w in vwc.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = Some(k8s_openapi::ByteString(issued.ca_cert.clone().into_bytes()));
+    }
+    let injected = vwcs
+        .replace(&configuration, &PostParams::default(), &vwc)
+        .await
+        .expect("injecting the CA");
+
+    let mut config = env.operator_config(Default::default(), None, "operator");
+    config.admission = Some(AdmissionConfig {
+        addr: format!("127.0.0.1:{port}").parse().expect("an address"),
+        namespace: env.namespace.clone(),
+        secret: env.name("tls"),
+        webhook_configuration: configuration.clone(),
+        names,
+        certificates: CertSource::CertManager,
+        node_selector: Some(env.run_selector()),
+        refresh: Duration::from_secs(1),
+    });
+    let operator = env.start_operator_from(config).await;
+    let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    let missing = env.name("no-such-node");
+    let refused = wait_for("the webhook's refusal", Duration::from_secs(30), || async {
+        let nm = maintenance(&env, &format!("missing-{}", rand_suffix()), &missing);
+        match create(&nms, &nm).await {
+            Err(message) if message.contains("invalid nodeName") => Probe::Done(message),
+            // Until the API server uses the configuration with its caBundle
+            // and the webhook serves its certificate, calls pass or fail.
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        refused.contains("invalid nodeName, no node with name"),
+        "{refused}"
+    );
+    // Neither the Secret nor the caBundle was touched.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = secrets.get(&env.name("tls")).await.expect("the Secret");
+    assert_eq!(now.metadata.resource_version, written.metadata.resource_version);
+    let now = vwcs.get(&configuration).await.expect("the configuration");
+    assert_eq!(now.metadata.resource_version, injected.metadata.resource_version);
+    delete_configuration(&env, &configuration).await;
+    operator.stop().await;
+    env.cleanup().await;
 }

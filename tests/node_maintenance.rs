@@ -363,7 +363,11 @@ async fn a_blocking_pdb_is_named_and_relaxing_it_lets_the_drain_finish() {
         .await
         .expect("relaxing the pdb");
     let done = wait_phase(&env.client, &name, MaintenancePhase::Succeeded).await;
-    assert_eq!(done.status.and_then(|s| s.drain_progress), Some(100));
+    let status = done.status.unwrap_or_default();
+    assert_eq!(status.drain_progress, Some(100));
+    // Done: the refusals met on the way are not reported any more.
+    assert_eq!(status.blocked_by, None, "a finished drain lists no blockers");
+    assert_eq!(status.last_error, None);
     op.stop().await;
     env.cleanup().await;
 }

@@ -21,6 +21,18 @@ use std::time::Duration;
 
 pub use certs::ServingNames;
 
+/// Who makes the webhook's certificates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CertSource {
+    /// nodewarden: its own CA and serving certificate, renewed by the
+    /// leader, and the configuration's caBundle kept current.
+    #[default]
+    Own,
+    /// cert-manager: it writes the Secret (`tls.crt`, `tls.key`) and its CA
+    /// injector the caBundle; nodewarden only serves what the Secret holds.
+    CertManager,
+}
+
 /// Where and how the webhook is served.
 #[derive(Clone, Debug)]
 pub struct AdmissionConfig {
@@ -34,6 +46,8 @@ pub struct AdmissionConfig {
     pub webhook_configuration: String,
     /// Names the serving certificate is valid for.
     pub names: ServingNames,
+    /// Who makes the certificates.
+    pub certificates: CertSource,
     /// Only Nodes matching this label selector count as the control plane
     /// whose quorum is guarded (the operator's --node-selector).
     pub node_selector: Option<String>,
@@ -60,6 +74,7 @@ impl AdmissionConfig {
                 ],
                 ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
             },
+            certificates: CertSource::Own,
             node_selector: None,
             refresh: Duration::from_secs(10),
         }

@@ -25,9 +25,9 @@ use rustls::sign::CertifiedKey;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::AdmissionConfig;
 use super::certs::{self, CertBundle};
 use super::rules::{self, ControlPlane, MaintenanceCreate};
+use super::{AdmissionConfig, CertSource};
 use crate::api::node_maintenance::{MaintenanceObject, MaintenancePhase, kubevirt, medik8s};
 use crate::api::update::NodeVersion;
 use crate::runtime::leader::LeaderHandle;
@@ -37,22 +37,23 @@ use crate::runtime::leader::LeaderHandle;
 pub struct CertResolver(RwLock<Option<(String, Arc<CertifiedKey>)>>);
 
 impl CertResolver {
-    /// Serves `bundle` from now on (a no-op when it is already served).
-    pub fn load(&self, bundle: &CertBundle) -> Result<bool, String> {
+    /// Serves this certificate (PEM chain) and key from now on; false when
+    /// it is served already.
+    pub fn load(&self, tls_cert: &str, tls_key: &str) -> Result<bool, String> {
         let current = self.0.read().unwrap_or_else(|e| e.into_inner());
-        if current.as_ref().is_some_and(|(pem, _)| *pem == bundle.tls_cert) {
+        if current.as_ref().is_some_and(|(pem, _)| pem == tls_cert) {
             return Ok(false);
         }
         drop(current);
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(bundle.tls_cert.as_bytes())
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(tls_cert.as_bytes())
             .collect::<Result<_, _>>()
             .map_err(|e| format!("the serving certificate: {e}"))?;
-        let key = PrivateKeyDer::from_pem_slice(bundle.tls_key.as_bytes())
-            .map_err(|e| format!("the serving key: {e}"))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(tls_key.as_bytes()).map_err(|e| format!("the serving key: {e}"))?;
         let key = rustls::crypto::ring::sign::any_supported_type(&key)
             .map_err(|e| format!("the serving key: {e}"))?;
         let certified = Arc::new(CertifiedKey::new(chain, key));
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some((bundle.tls_cert.clone(), certified));
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some((tls_cert.to_string(), certified));
         Ok(true)
     }
 }
@@ -368,6 +369,26 @@ async fn keep_once(
             .collect();
         CertBundle::from_secret(&data, s.metadata.annotations.as_ref()?)
     });
+    if config.certificates == CertSource::CertManager {
+        // cert-manager writes the Secret and injects the caBundle.
+        let text = |k: &str| {
+            found
+                .as_ref()
+                .and_then(|s| s.data.as_ref())
+                .and_then(|d| d.get(k))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        };
+        let (Some(cert), Some(key)) = (text(certs::TLS_CERT), text(certs::TLS_KEY)) else {
+            return Err(format!(
+                "Secret {} has no tls.crt and tls.key yet (cert-manager writes them)",
+                config.secret
+            ));
+        };
+        if resolver.load(&cert, &key)? {
+            tracing::info!(secret = %config.secret, "serving cert-manager's certificate");
+        }
+        return Ok(Kept::Done);
+    }
     let now = Timestamp::now();
     let bundle = match (found, current) {
         (None, _) => {
@@ -415,7 +436,7 @@ async fn keep_once(
             ));
         }
     };
-    if resolver.load(&bundle)? {
+    if resolver.load(&bundle.tls_cert, &bundle.tls_key)? {
         tracing::info!(not_after = %bundle.not_after, "serving the webhook's certificate");
     }
     if leader.is_leader() {

@@ -588,7 +588,16 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             return Ok(phase);
         }
         status.last_update = Some(Time(now));
-        let patch = json!({"status": status});
+        let mut patch = json!({"status": status});
+        // A merge patch keeps fields it does not name: clearing needs null.
+        for (field, cleared) in [
+            ("blockedBy", status.blocked_by.is_none()),
+            ("lastError", status.last_error.is_none()),
+        ] {
+            if cleared {
+                patch["status"][field] = serde_json::Value::Null;
+            }
+        }
         api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         let ended = matches!(phase, MaintenancePhase::Succeeded | MaintenancePhase::Failed)
