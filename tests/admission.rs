@@ -61,19 +61,9 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
     wait_ca_bundle(&env, &configuration).await;
 
     let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
-    // A node that does not exist (the API server may take a moment to use
-    // the new configuration: until then the create would pass).
+    // A node that does not exist.
     let missing = env.name("no-such-node");
-    let refused = wait_for("the webhook's first refusal", Duration::from_secs(30), || async {
-        let nm = maintenance(&env, &format!("missing-{}", rand_suffix()), &missing);
-        match create(&nms, &nm).await {
-            Err(message) if message.contains("invalid nodeName") => Probe::Done(message),
-            // Until the API server uses the configuration with its caBundle
-            // and the webhook serves its certificate, calls pass or fail.
-            other => Probe::NotYet(format!("{other:?}")),
-        }
-    })
-    .await;
+    let refused = first_refusal(&env, &nms, &missing).await;
     assert!(
         refused.contains(&format!("invalid nodeName, no node with name {missing} found")),
         "{refused}"
@@ -156,6 +146,21 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
     delete_configuration(&env, &configuration).await;
     operator.stop().await;
     env.cleanup().await;
+}
+
+/// The webhook's refusal of a NodeMaintenance for `missing`, once the API
+/// server calls it: until the API server uses the configuration with its
+/// caBundle and the webhook serves its certificate, creates pass or fail
+/// for other reasons.
+async fn first_refusal(env: &TestEnv, nms: &Api<medik8s::NodeMaintenance>, missing: &str) -> String {
+    wait_for("the webhook's first refusal", Duration::from_secs(30), || async {
+        let nm = maintenance(env, &format!("missing-{}", rand_suffix()), missing);
+        match create(nms, &nm).await {
+            Err(message) if message.contains("invalid nodeName") => Probe::Done(message),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await
 }
 
 fn rand_suffix() -> String {
@@ -243,16 +248,7 @@ async fn certificates_from_cert_manager_are_served_as_they_are() {
     let operator = env.start_operator_from(config).await;
     let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
     let missing = env.name("no-such-node");
-    let refused = wait_for("the webhook's refusal", Duration::from_secs(30), || async {
-        let nm = maintenance(&env, &format!("missing-{}", rand_suffix()), &missing);
-        match create(&nms, &nm).await {
-            Err(message) if message.contains("invalid nodeName") => Probe::Done(message),
-            // Until the API server uses the configuration with its caBundle
-            // and the webhook serves its certificate, calls pass or fail.
-            other => Probe::NotYet(format!("{other:?}")),
-        }
-    })
-    .await;
+    let refused = first_refusal(&env, &nms, &missing).await;
     assert!(
         refused.contains("invalid nodeName, no node with name"),
         "{refused}"
