@@ -145,6 +145,7 @@ async fn an_instance_that_never_joins_is_deleted_and_replaced() {
         "Degraded=JoinTimeout never shown: {:?}",
         log.all()
     );
+    wait_node_version_events(env, &env.name("version"), &["RolloutBlocked", "RolloutFinished"]).await;
     let instances = r
         .sim
         .sim

@@ -109,6 +109,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         maintenances,
         strategies,
         metrics: app.metrics.clone(),
+        recorder: app.recorder.clone(),
     });
 }
 
@@ -132,6 +133,8 @@ pub struct NodeVersionReconciler {
     pub strategies: Store<AutoscalingStrategy>,
     /// Rollout metrics.
     pub metrics: Metrics,
+    /// Publishes the rollout's Events on its NodeVersion.
+    pub recorder: kube::runtime::events::Recorder,
 }
 
 fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -374,6 +377,24 @@ impl Reconciler for NodeVersionReconciler {
 }
 
 impl NodeVersionReconciler {
+    /// An Event on `nv` (in the background: never a reason to fail).
+    fn event(&self, nv: &NodeVersion, warning: bool, reason: &str, note: String) {
+        use kube::Resource;
+        use kube::runtime::events::{Event, EventType};
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note.chars().take(1024).collect()),
+            action: "Rollout".into(),
+            secondary: None,
+        };
+        super::spawn_event(&self.recorder, event, nv.object_ref(&()));
+    }
+
     /// One pass of the rollout: gather (reads and the bookkeeping of joins),
     /// plan (pure), carry out step by step, report.
     async fn roll_out(&self, nv: &Arc<NodeVersion>) -> Result<Action> {
@@ -896,6 +917,16 @@ impl NodeVersionReconciler {
             nodeversion: &nv_name,
         };
         trace_replacement(&finished, deleting).await;
+        self.event(
+            nv,
+            false,
+            "NodeReplaced",
+            format!(
+                "node {} replaced by {} (scaling group {group})",
+                donor.name_any(),
+                finished.heir
+            ),
+        );
     }
 
     /// One trace per rollout: started (on the NodeVersion) when nodes are
@@ -914,6 +945,15 @@ impl NodeVersionReconciler {
                 }}});
                 api.patch(&nv.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
+                self.event(
+                    nv,
+                    false,
+                    "RolloutStarted",
+                    format!(
+                        "replacing {} of {} nodes to run image {}",
+                        counts.outdated, counts.nodes, nv.spec.image
+                    ),
+                );
                 Ok(Some(tp))
             }
             (Some((tp, started)), false) => {
@@ -924,11 +964,21 @@ impl NodeVersionReconciler {
                 }}});
                 api.patch(&nv.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
+                let seconds = now.duration_since(started).unwrap_or_default().as_secs_f64();
                 tracing::info!(
                     trace_id = %tp.trace_id,
                     nodeversion = %nv.name_any(),
-                    seconds = now.duration_since(started).unwrap_or_default().as_secs_f64(),
+                    seconds,
                     "rollout finished"
+                );
+                self.event(
+                    nv,
+                    false,
+                    "RolloutFinished",
+                    format!(
+                        "all {} nodes run image {} ({seconds:.0} s)",
+                        counts.nodes, nv.spec.image
+                    ),
                 );
                 Ok(None)
             }
@@ -1113,6 +1163,18 @@ impl NodeVersionReconciler {
             &Patch::Merge(&json!({"status": status})),
         )
         .await?;
+        let degraded = |conditions: &[Condition]| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == condition::DEGRADED && c.status == "True")
+                .map(|c| (c.reason.clone(), c.message.clone()))
+        };
+        let before = nv.status.as_ref().and_then(|s| degraded(&s.conditions));
+        if let Some((reason, message)) = degraded(&status.conditions)
+            && before.as_ref().map(|b| &b.0) != Some(&reason)
+        {
+            self.event(nv, true, "RolloutBlocked", format!("{reason}: {message}"));
+        }
         Ok(())
     }
 }
