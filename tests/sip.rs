@@ -17,7 +17,7 @@ use nodewarden::api::metal3::BareMetalHost;
 use nodewarden::api::sip::{SIPCluster, labels};
 use serde_json::{Value, json};
 use support::sip::*;
-use support::{Probe, RUN_LABEL, TestEnv, wait_for};
+use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
 
 #[tokio::test]
 async fn a_sipcluster_claims_spread_hosts_runs_its_services_and_replaces_a_failed_host() {
@@ -156,17 +156,29 @@ async fn a_sipcluster_claims_spread_hosts_runs_its_services_and_replaces_a_faile
         .await
         .expect("deleting the failed host");
     assert_eq!(claimed(&env, "tenant").await.len(), 9);
-    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.namespace)
-        .list(&ListParams::default().fields("reason=HostReplaced"))
-        .await
-        .expect("events");
-    assert!(
-        events
-            .items
-            .iter()
-            .any(|e| e.message.as_deref().is_some_and(|m| m.contains(&failed))),
-        "a HostReplaced Event names the failed host"
-    );
+    // Events are published in the background: wait for it.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.namespace);
+    wait_for(
+        "a HostReplaced Event naming the failed host",
+        Duration::from_secs(20),
+        || async {
+            match events
+                .list(&ListParams::default().fields("reason=HostReplaced"))
+                .await
+            {
+                Ok(l)
+                    if l.items
+                        .iter()
+                        .any(|e| e.message.as_deref().is_some_and(|m| m.contains(&failed))) =>
+                {
+                    Probe::Done(())
+                }
+                Ok(l) => Probe::NotYet(format!("{} HostReplaced events", l.items.len())),
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        },
+    )
+    .await;
 
     // Shrinking: one worker fewer; the standby that was idle goes first.
     let before = claimed(&env, "tenant").await;
