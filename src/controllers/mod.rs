@@ -83,15 +83,21 @@ impl App {
     pub fn report_failures<K: Object>(&self) -> FailureReporter<K> {
         let recorder = self.recorder.clone();
         Arc::new(move |object: &K, category: Category, message: &str| {
-            let event = Event {
-                type_: EventType::Warning,
-                reason: category.to_string(),
-                note: Some(message.chars().take(1024).collect()),
-                action: "Reconcile".into(),
-                secondary: None,
-            };
+            let event = event(EventType::Warning, &category.to_string(), "Reconcile", message);
             spawn_event(&recorder, event, object.object_ref(&()));
         })
+    }
+}
+
+/// An Event: its type, reason, the action it concerns and a note cut to
+/// 1024 characters (the events API refuses longer ones).
+pub fn event(type_: EventType, reason: &str, action: &str, note: &str) -> Event {
+    Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1024).collect()),
+        action: action.into(),
+        secondary: None,
     }
 }
 

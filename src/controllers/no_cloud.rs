@@ -7,11 +7,11 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::{App, spawn_event};
+use super::{App, event, spawn_event};
 use crate::api::conditions::set_condition;
 use crate::api::update::{NodeVersion, condition, reason};
 use crate::error::{Error, Result};
@@ -88,13 +88,7 @@ impl Reconciler for NoCloudReconciler {
             )
             .await?;
         if first {
-            let event = Event {
-                type_: EventType::Warning,
-                reason: reason::NO_CLOUD_PROVIDER.into(),
-                note: Some(MESSAGE.into()),
-                action: "Rollout".into(),
-                secondary: None,
-            };
+            let event = event(EventType::Warning, reason::NO_CLOUD_PROVIDER, "Rollout", MESSAGE);
             spawn_event(&self.recorder, event, nv.object_ref(&()));
         }
         Ok(Action::Done)

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -850,13 +850,7 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
     }
 
     async fn event(&self, obj: &M, type_: EventType, reason: &str, note: &str) {
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note.to_string()),
-            action: "Maintenance".into(),
-            secondary: None,
-        };
+        let event = super::event(type_, reason, "Maintenance", note);
         if let Err(e) = self.ctx.recorder.publish(&event, &obj.object_ref(&())).await {
             tracing::warn!(error = %e, reason, "publishing an event failed");
         }

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -224,17 +225,17 @@ fn name_list(names: &[&str]) -> String {
     text
 }
 
-/// Whether worker nodes wait for the control plane: it is replaced first
-/// and some of its nodes are not up to date yet, while workers are outdated.
+/// Whether outdated worker nodes wait for the control plane (the planner's
+/// own rule, [`rollout::workers_wait_for_control_plane`]).
 fn waiting_for_control_plane(facts: &Facts<'_>) -> bool {
-    let role_of = |group: &str| facts.groups.iter().find(|g| g.id == group).map(|g| g.role);
-    let outdated_in = |role: Role| {
-        facts
-            .nodes
-            .iter()
-            .any(|n| !n.up_to_date && role_of(&n.group) == Some(role))
-    };
-    facts.control_plane_first && outdated_in(Role::ControlPlane) && outdated_in(Role::Worker)
+    let worker_outdated = facts.nodes.iter().any(|n| {
+        !n.up_to_date
+            && facts
+                .groups
+                .iter()
+                .any(|g| g.id == n.group && g.role == Role::Worker)
+    });
+    worker_outdated && rollout::workers_wait_for_control_plane(facts)
 }
 
 /// Outdated, Progressing and Degraded as the counts, the plan and the
@@ -378,20 +379,9 @@ impl Reconciler for NodeVersionReconciler {
 
 impl NodeVersionReconciler {
     /// An Event on `nv` (in the background: never a reason to fail).
-    fn event(&self, nv: &NodeVersion, warning: bool, reason: &str, note: String) {
+    fn event(&self, nv: &NodeVersion, type_: EventType, reason: &str, note: String) {
         use kube::Resource;
-        use kube::runtime::events::{Event, EventType};
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.into(),
-            note: Some(note.chars().take(1024).collect()),
-            action: "Rollout".into(),
-            secondary: None,
-        };
+        let event = super::event(type_, reason, "Rollout", &note);
         super::spawn_event(&self.recorder, event, nv.object_ref(&()));
     }
 
@@ -919,7 +909,7 @@ impl NodeVersionReconciler {
         trace_replacement(&finished, deleting).await;
         self.event(
             nv,
-            false,
+            EventType::Normal,
             "NodeReplaced",
             format!(
                 "node {} replaced by {} (scaling group {group})",
@@ -947,7 +937,7 @@ impl NodeVersionReconciler {
                     .await?;
                 self.event(
                     nv,
-                    false,
+                    EventType::Normal,
                     "RolloutStarted",
                     format!(
                         "replacing {} of {} nodes to run image {}",
@@ -973,7 +963,7 @@ impl NodeVersionReconciler {
                 );
                 self.event(
                     nv,
-                    false,
+                    EventType::Normal,
                     "RolloutFinished",
                     format!(
                         "all {} nodes run image {} ({seconds:.0} s)",
@@ -1173,7 +1163,12 @@ impl NodeVersionReconciler {
         if let Some((reason, message)) = degraded(&status.conditions)
             && before.as_ref().map(|b| &b.0) != Some(&reason)
         {
-            self.event(nv, true, "RolloutBlocked", format!("{reason}: {message}"));
+            self.event(
+                nv,
+                EventType::Warning,
+                "RolloutBlocked",
+                format!("{reason}: {message}"),
+            );
         }
         Ok(())
     }

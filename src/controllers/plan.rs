@@ -20,7 +20,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, PropagationPolicy};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 
 use super::replacement_trace::TRACE_FLUSH_TIMEOUT;
@@ -1147,13 +1147,7 @@ impl PlanReconciler {
     }
 
     fn event(&self, plan: &Plan, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Upgrade".into(),
-            secondary: None,
-        };
+        let event = super::event(type_, reason, "Upgrade", &note);
         super::spawn_event(&self.ctx.recorder, event, plan.object_ref(&()));
     }
 

@@ -189,6 +189,16 @@ pub fn counts(f: &Facts) -> Counts {
     }
 }
 
+/// Whether worker groups must wait: the control plane is replaced first and
+/// one of its nodes is still outdated.
+pub fn workers_wait_for_control_plane(f: &Facts) -> bool {
+    let role_of = |group: &str| f.groups.iter().find(|g| g.id == group).map(|g| g.role);
+    f.control_plane_first
+        && f.nodes
+            .iter()
+            .any(|n| !n.up_to_date && role_of(&n.group) == Some(Role::ControlPlane))
+}
+
 /// The steps to take now, within the budgets: drain and retire donors whose
 /// heir is Ready (and surplus nodes), pair Ready mints, drain early within
 /// maxUnavailable, create instances within maxSurge.
@@ -277,12 +287,8 @@ pub fn plan(f: &Facts) -> Vec<Step> {
     }
 
     // Early drains within maxUnavailable: outdated nodes without an heir yet.
-    let cp_outdated = f
-        .nodes
-        .iter()
-        .any(|n| !n.up_to_date && role_of.get(n.group.as_str()) == Some(&Role::ControlPlane));
-    let blocked_role =
-        |group: &str| f.control_plane_first && cp_outdated && role_of.get(group) == Some(&Role::Worker);
+    let workers_wait = workers_wait_for_control_plane(f);
+    let blocked_role = |group: &str| workers_wait && role_of.get(group) == Some(&Role::Worker);
     let early = f
         .nodes
         .iter()

@@ -16,7 +16,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -635,13 +635,7 @@ impl SipReconciler {
     }
 
     fn event(&self, sip: &SIPCluster, type_: EventType, reason: &str, note: String) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Schedule".into(),
-            secondary: None,
-        };
+        let event = super::event(type_, reason, "Schedule", &note);
         super::spawn_event(&self.ctx.recorder, event, sip.object_ref(&()));
     }
 
