@@ -16,6 +16,7 @@ use nodewarden::api::update::{NodeVersion, condition, reason};
 use nodewarden::cloud::CloudProvider;
 use nodewarden::cloud::InstanceState;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
+use nodewarden::controllers::node_version::STATUS_LIST_LIMIT;
 use serde_json::json;
 use support::rollout::*;
 use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
@@ -145,7 +146,12 @@ async fn an_instance_that_never_joins_is_deleted_and_replaced() {
         "Degraded=JoinTimeout never shown: {:?}",
         log.all()
     );
-    wait_node_version_events(env, &env.name("version"), &["RolloutBlocked", "RolloutFinished"]).await;
+    env.wait_events(
+        "NodeVersion",
+        &env.name("version"),
+        &["RolloutBlocked", "RolloutFinished"],
+    )
+    .await;
     let instances = r
         .sim
         .sim
@@ -167,28 +173,61 @@ async fn an_instance_that_never_joins_is_deleted_and_replaced() {
     assert_eq!(created, 4, "3 replacements plus the one that never joined");
     println!("rollout with an instance that never joined: {took:?}");
 
-    // A managed node no ScalingGroup covers (no provider ID) is named.
-    let stray = env.create_kwok_nodes(1, &[]).await.remove(0);
+    // Managed nodes no ScalingGroup covers (no provider ID) are named. More
+    // of them than a status list holds: the list names the first 100 and
+    // `listTotals` says how many there are.
+    let strays = env.create_kwok_nodes(STATUS_LIST_LIMIT + 1, &[]).await;
     let versions: Api<NodeVersion> = Api::all(env.client.clone());
-    let wanted = (condition::DEGRADED, "True", reason::INVALID_NODES);
-    let message =
-        support::wait_for_condition(&versions, &env.name("version"), wanted, Duration::from_secs(30)).await;
-    assert!(message.contains(&stray), "{message}");
-    let invalid = versions
-        .get(&env.name("version"))
-        .await
-        .expect("the NodeVersion")
-        .status
-        .map(|s| s.invalid)
+    let total = strays.len() as u32;
+    let status = wait_for("every stray node counted", Duration::from_secs(30), || async {
+        match versions.get(&env.name("version")).await {
+            Ok(v) => match v.status.unwrap_or_default() {
+                s if s.list_totals.get("invalid") == Some(&total) => Probe::Done(s),
+                s => Probe::NotYet(format!("{:?}", s.list_totals)),
+            },
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let degraded = status.conditions.iter().find(|c| c.type_ == condition::DEGRADED);
+    let message = degraded
+        .map(|c| (c.reason.clone(), c.message.clone()))
         .unwrap_or_default();
+    assert_eq!(message.0, reason::INVALID_NODES);
     assert!(
-        invalid.iter().any(|r| r.name.as_deref() == Some(stray.as_str())),
-        "{invalid:?}"
+        message
+            .1
+            .starts_with(&format!("{total} node(s) belong to no ScalingGroup")),
+        "{message:?}"
     );
-    Api::<Node>::all(env.client.clone())
-        .delete(&stray, &Default::default())
-        .await
-        .expect("deleting the stray node");
+    assert_eq!(status.invalid.len(), STATUS_LIST_LIMIT);
+    assert!(
+        status
+            .invalid
+            .iter()
+            .all(|r| strays.iter().any(|s| r.name.as_deref() == Some(s.as_str()))),
+        "{:?}",
+        status.invalid
+    );
+    assert_eq!(
+        status.list_totals.get("invalid"),
+        Some(&(strays.len() as u32)),
+        "{:?}",
+        status.list_totals
+    );
+    assert_eq!(
+        status.list_totals.get("upToDate"),
+        Some(&3),
+        "{:?}",
+        status.list_totals
+    );
+    let nodes = Api::<Node>::all(env.client.clone());
+    for stray in &strays {
+        nodes
+            .delete(stray, &Default::default())
+            .await
+            .expect("deleting a stray node");
+    }
     let wanted = (condition::DEGRADED, "False", reason::AS_EXPECTED);
     support::wait_for_condition(&versions, &env.name("version"), wanted, Duration::from_secs(30)).await;
     op.stop().await;

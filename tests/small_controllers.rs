@@ -103,21 +103,21 @@ where
         .await;
 }
 
-#[tokio::test]
-async fn autoscaling_strategy_pauses_and_restores_the_deployment() {
-    let env = TestEnv::new("small-autoscaling").await;
+/// The CRDs and a stand-in cluster-autoscaler Deployment, never scheduled
+/// (other tests' nodes stay untouched).
+async fn autoscaler_deployment(env: &TestEnv, replicas: i32) -> Api<Deployment> {
     support::install_crds(&env.client).await;
-    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
-    // Never scheduled: other tests' nodes stay untouched.
     env.create_deployment(
         "cluster-autoscaler",
-        2,
+        replicas,
         json!({"nodewarden.test/nowhere": "true"}),
     )
     .await;
+    Api::namespaced(env.client.clone(), &env.namespace)
+}
 
-    let run = Running::start(&env, "autoscaling", None, autoscaling_strategy::register);
-
+/// An enabled AutoscalingStrategy for that Deployment with `extra_args`.
+async fn create_strategy(env: &TestEnv, extra_args: serde_json::Value) -> (Api<AutoscalingStrategy>, String) {
     let name = env.name("autoscaler");
     let api: Api<AutoscalingStrategy> = Api::all(env.client.clone());
     let strategy: AutoscalingStrategy = serde_json::from_value(json!({
@@ -128,12 +128,22 @@ async fn autoscaling_strategy_pauses_and_restores_the_deployment() {
             "enabled": true,
             "deploymentName": "cluster-autoscaler",
             "deploymentNamespace": env.namespace,
+            "autoscalerExtraArgs": extra_args,
         },
     }))
     .expect("a strategy");
     api.create(&PostParams::default(), &strategy)
         .await
         .expect("creating the strategy");
+    (api, name)
+}
+
+#[tokio::test]
+async fn autoscaling_strategy_pauses_and_restores_the_deployment() {
+    let env = TestEnv::new("small-autoscaling").await;
+    let deployments = autoscaler_deployment(&env, 2).await;
+    let run = Running::start(&env, "autoscaling", None, autoscaling_strategy::register);
+    let (api, name) = create_strategy(&env, json!({})).await;
 
     // (spec.enabled, Deployment replicas, status.enabled, status.replicas)
     let expect = |enabled: bool, replicas: i32, status_enabled: bool, remembered: i32| {
@@ -207,6 +217,176 @@ async fn autoscaling_strategy_pauses_and_restores_the_deployment() {
 
     run.stop().await;
     remove_labelled::<AutoscalingStrategy>(&env).await;
+    env.cleanup().await;
+}
+
+/// A ScalingGroup of this run asking the autoscaler for `min..=max` nodes.
+async fn create_autoscaled_group(
+    env: &TestEnv,
+    name: &str,
+    asg: &str,
+    min: i32,
+    max: Option<i32>,
+    role: &str,
+) {
+    let mut spec = json!({
+        "nodeImage": "constellation-version",
+        "groupId": format!("arn:aws:autoscaling:group/{asg}"),
+        "autoscalerGroupName": asg,
+        "autoscaling": true,
+        "min": min,
+        "role": role,
+    });
+    if let Some(max) = max {
+        spec["max"] = json!(max);
+    }
+    let group: ScalingGroup = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1",
+        "kind": "ScalingGroup",
+        "metadata": {"name": name, "labels": {RUN_LABEL: env.id}},
+        "spec": spec,
+    }))
+    .expect("a scaling group");
+    Api::<ScalingGroup>::all(env.client.clone())
+        .create(&PostParams::default(), &group)
+        .await
+        .expect("creating a scaling group");
+}
+
+#[tokio::test]
+async fn autoscaling_strategy_writes_the_autoscaler_command_from_its_args_and_groups() {
+    let env = TestEnv::new("small-autoscaler-args").await;
+    let deployments = autoscaler_deployment(&env, 1).await;
+    let (workers, unbounded, control) = (env.name("workers"), env.name("unbounded"), env.name("control"));
+    create_autoscaled_group(&env, &workers, "asg-workers", 1, Some(5), "Worker").await;
+    create_autoscaled_group(&env, &unbounded, "asg-more", 0, None, "Worker").await;
+    create_autoscaled_group(&env, &control, "asg-control", 1, Some(3), "ControlPlane").await;
+    let run = Running::start(&env, "autoscaler-args", None, autoscaling_strategy::register);
+    let (api, name) = create_strategy(&env, json!({"v": "2", "cloud-provider": "aws"})).await;
+
+    // The command, and the AutoscalerConfigured condition (status, reason, message).
+    let expect = |command: Vec<String>, status: &'static str, reason: &'static str, message: String| {
+        let (api, deployments, name) = (api.clone(), deployments.clone(), name.clone());
+        async move {
+            wait_for(&format!("command {command:?}, {reason}"), TIMEOUT, || async {
+                let d = match deployments.get("cluster-autoscaler").await {
+                    Ok(d) => d,
+                    Err(e) => return Probe::NotYet(seen(e)),
+                };
+                let s = match api.get(&name).await {
+                    Ok(s) => s,
+                    Err(e) => return Probe::NotYet(seen(e)),
+                };
+                let container = d
+                    .spec
+                    .and_then(|s| s.template.spec)
+                    .and_then(|p| p.containers.into_iter().next());
+                let got_command = container
+                    .as_ref()
+                    .and_then(|c| c.command.clone())
+                    .unwrap_or_default();
+                let condition = s
+                    .status
+                    .unwrap_or_default()
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == autoscaling_strategy::CONFIGURED);
+                let got = condition.map(|c| (c.status, c.reason, c.message, c.observed_generation));
+                let want = Some((
+                    status.to_string(),
+                    reason.to_string(),
+                    message.clone(),
+                    s.metadata.generation,
+                ));
+                // The rest of the container is left as it was written.
+                let image = container.map(|c| c.image).unwrap_or_default();
+                if got_command == command && got == want && image.as_deref() == Some("registry.invalid/app:1")
+                {
+                    Probe::Done(())
+                } else {
+                    Probe::NotYet(format!("{got_command:?} {got:?} {image:?}"))
+                }
+            })
+            .await
+        }
+    };
+    let command = |nodes: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = ["--cloud-provider=aws", "--v=2"].map(String::from).to_vec();
+        args.extend(nodes.iter().map(|n| n.to_string()));
+        args.sort();
+        std::iter::once(autoscaling_strategy::DEFAULT_BINARY.to_string())
+            .chain(args)
+            .collect()
+    };
+
+    // The control plane is never autoscaled; a group without max is left out,
+    // and the condition names it and the field.
+    expect(
+        command(&["--nodes=1:5:asg-workers"]),
+        "False",
+        "GroupsLeftOut",
+        format!(
+            "left out of the autoscaler: ScalingGroup {control}: spec.role is ControlPlane, which is never autoscaled; \
+             ScalingGroup {unbounded}: spec.max is unset; --nodes for ScalingGroups {workers}"
+        ),
+    )
+    .await;
+    env.wait_events("AutoscalingStrategy", &name, &["AutoscalerConfigured"])
+        .await;
+
+    let groups: Api<ScalingGroup> = Api::all(env.client.clone());
+    let patch_group = |group: String, spec: serde_json::Value| {
+        let groups = groups.clone();
+        async move {
+            groups
+                .patch(
+                    &group,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": spec})),
+                )
+                .await
+                .expect("patching a scaling group");
+        }
+    };
+    // Bounding the group gives it to the autoscaler; the condition turns True.
+    patch_group(unbounded.clone(), json!({"max": 4})).await;
+    patch_group(control.clone(), json!({"autoscaling": false})).await;
+    let mut both = [unbounded.clone(), workers.clone()];
+    both.sort();
+    expect(
+        command(&["--nodes=1:5:asg-workers", "--nodes=0:4:asg-more"]),
+        "True",
+        "Configured",
+        format!("--nodes for ScalingGroups {}", both.join(", ")),
+    )
+    .await;
+
+    // A group that stops autoscaling leaves the command line; new extra args enter it.
+    patch_group(workers.clone(), json!({"autoscaling": false})).await;
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"autoscalerExtraArgs": {"v": "4", "cloud-provider": "aws"}}})),
+    )
+    .await
+    .expect("patching the extra args");
+    let mut want = command(&["--nodes=0:4:asg-more"]);
+    for arg in &mut want {
+        if arg == "--v=2" {
+            *arg = "--v=4".into();
+        }
+    }
+    expect(
+        want,
+        "True",
+        "Configured",
+        format!("--nodes for ScalingGroups {unbounded}"),
+    )
+    .await;
+
+    run.stop().await;
+    remove_labelled::<AutoscalingStrategy>(&env).await;
+    remove_labelled::<ScalingGroup>(&env).await;
     env.cleanup().await;
 }
 

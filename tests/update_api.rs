@@ -234,6 +234,20 @@ async fn bad_input_is_refused_naming_the_field() {
             json!({"enabled": true, "deploymentName": "", "deploymentNamespace": "kube-system"}),
             vec!["spec.deploymentName must not be empty"],
         ),
+        (
+            "autoscaler flag written with its dashes",
+            "AutoscalingStrategy",
+            json!({"enabled": true, "deploymentName": "ca", "deploymentNamespace": "kube-system",
+                   "autoscalerExtraArgs": {"--v": "2"}}),
+            vec!["spec.autoscalerExtraArgs: keys are flag names without leading dashes"],
+        ),
+        (
+            "autoscaler node groups written by hand",
+            "AutoscalingStrategy",
+            json!({"enabled": true, "deploymentName": "ca", "deploymentNamespace": "kube-system",
+                   "autoscalerExtraArgs": {"nodes": "1:3:asg"}}),
+            vec!["--nodes comes from the ScalingGroups"],
+        ),
     ];
     let mut failures = Vec::new();
     for (i, (what, kind, spec, want)) in cases.into_iter().enumerate() {
@@ -467,7 +481,7 @@ fn generated_crds_have_printer_columns_status_and_cluster_scope() {
         ("PendingNode", &["Node", "Goal", "State", "Deadline", "Age"]),
         (
             "AutoscalingStrategy",
-            &["Deployment", "Enabled", "Replicas", "Age"],
+            &["Deployment", "Enabled", "Replicas", "Configured", "Age"],
         ),
         ("JoiningNode", &["Components", "Deadline", "Age"]),
     ];

@@ -34,7 +34,7 @@ use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::update::{
     AutoscalingStrategy, NodeCounts, NodeVersion, NodeVersionStatus, PendingNode, PendingNodeGoal,
-    PendingNodeSpec, ScalingGroup, condition, reason,
+    PendingNodeSpec, ScalingGroup, StatusList, condition, reason,
 };
 use crate::cloud::{CloudProvider, CreateNodeRequest};
 use crate::error::{Error, Result};
@@ -1097,36 +1097,49 @@ impl NodeVersionReconciler {
         problems: &Problems,
     ) -> Result<()> {
         let mut status: NodeVersionStatus = nv.status_or_default();
-        let refs = |f: &dyn Fn(&NodeFacts) -> bool| -> Vec<ObjectReference> {
+        let nodes = |f: fn(&NodeFacts) -> bool| {
             facts
                 .nodes
                 .iter()
-                .filter(|n| f(n))
-                .take(STATUS_LIST_LIMIT)
+                .filter(move |n| f(n))
                 .map(|n| reference(&n.name))
-                .collect()
         };
-        status.outdated = refs(&|n| !n.up_to_date && n.donor_to.is_none());
-        status.up_to_date = refs(&|n| n.up_to_date && n.heir_of.is_none() && !n.joining);
-        status.donors = refs(&|n| !n.up_to_date && n.donor_to.is_some());
-        status.heirs = refs(&|n| n.heir_of.is_some());
-        status.mints = refs(&|n| n.up_to_date && n.joining && n.heir_of.is_none());
-        status.invalid = problems
-            .invalid_nodes
-            .iter()
-            .take(STATUS_LIST_LIMIT)
-            .map(|n| reference(n))
-            .collect();
-        status.pending = facts
-            .joins
-            .iter()
-            .take(STATUS_LIST_LIMIT)
-            .map(|j| ObjectReference {
+        use StatusList::*;
+        status.set_list(
+            Outdated,
+            STATUS_LIST_LIMIT,
+            nodes(|n| !n.up_to_date && n.donor_to.is_none()),
+        );
+        status.set_list(
+            UpToDate,
+            STATUS_LIST_LIMIT,
+            nodes(|n| n.up_to_date && n.heir_of.is_none() && !n.joining),
+        );
+        status.set_list(
+            Donors,
+            STATUS_LIST_LIMIT,
+            nodes(|n| !n.up_to_date && n.donor_to.is_some()),
+        );
+        status.set_list(Heirs, STATUS_LIST_LIMIT, nodes(|n| n.heir_of.is_some()));
+        status.set_list(
+            Mints,
+            STATUS_LIST_LIMIT,
+            nodes(|n| n.up_to_date && n.joining && n.heir_of.is_none()),
+        );
+        status.set_list(
+            Invalid,
+            STATUS_LIST_LIMIT,
+            problems.invalid_nodes.iter().map(|n| reference(n)),
+        );
+        status.set_list(
+            Pending,
+            STATUS_LIST_LIMIT,
+            facts.joins.iter().map(|j| ObjectReference {
                 kind: Some("PendingNode".into()),
                 name: Some(j.pending.clone()),
                 ..Default::default()
-            })
-            .collect();
+            }),
+        );
         status.budget = u32::try_from(facts.max_surge.saturating_sub(counts.surge)).unwrap_or(0);
         status.set_counts(NodeCounts {
             nodes: counts.nodes as u32,

@@ -154,6 +154,38 @@ impl TestEnv {
             .expect("creating a deployment");
     }
 
+    /// The reasons of the Events about the object `kind`/`name`, with their counts.
+    pub async fn event_reasons(&self, kind: &str, name: &str) -> std::collections::BTreeMap<String, usize> {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
+        let mut reasons = std::collections::BTreeMap::new();
+        if let Ok(list) = events
+            .list(&ListParams::default().fields(&format!("regarding.kind={kind},regarding.name={name}")))
+            .await
+        {
+            for e in list.items {
+                *reasons.entry(e.reason.unwrap_or_default()).or_insert(0) += 1;
+            }
+        }
+        reasons
+    }
+
+    /// Waits until the object `kind`/`name` has Events with each of `reasons`
+    /// (Events are published in the background).
+    pub async fn wait_events(&self, kind: &str, name: &str, reasons: &[&str]) {
+        super::wait_for(
+            &format!("Events {reasons:?} on {kind} {name}"),
+            std::time::Duration::from_secs(20),
+            || async {
+                let seen = self.event_reasons(kind, name).await;
+                match reasons.iter().all(|r| seen.contains_key(*r)) {
+                    true => super::Probe::Done(()),
+                    false => super::Probe::NotYet(format!("{seen:?}")),
+                }
+            },
+        )
+        .await;
+    }
+
     /// Deletes the test's namespace and every cluster-scoped object carrying its run label.
     pub async fn cleanup(mut self) {
         self.cleaned = true;

@@ -517,34 +517,3 @@ impl Drop for ConditionLog {
         self.task.abort();
     }
 }
-
-/// The reasons of the Events about the NodeVersion `name`, with their counts.
-pub async fn node_version_events(env: &TestEnv, name: &str) -> std::collections::BTreeMap<String, usize> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
-    let mut reasons = std::collections::BTreeMap::new();
-    if let Ok(list) = events
-        .list(&ListParams::default().fields(&format!("regarding.kind=NodeVersion,regarding.name={name}")))
-        .await
-    {
-        for e in list.items {
-            *reasons.entry(e.reason.unwrap_or_default()).or_insert(0) += 1;
-        }
-    }
-    reasons
-}
-
-/// Waits until the NodeVersion `name` has Events with each of `reasons`.
-pub async fn wait_node_version_events(env: &TestEnv, name: &str, reasons: &[&str]) {
-    wait_for(
-        &format!("Events {reasons:?} on {name}"),
-        Duration::from_secs(20),
-        || async {
-            let seen = node_version_events(env, name).await;
-            match reasons.iter().all(|r| seen.contains_key(*r)) {
-                true => Probe::Done(()),
-                false => Probe::NotYet(format!("{seen:?}")),
-            }
-        },
-    )
-    .await;
-}

@@ -1,12 +1,16 @@
-//! AutoscalingStrategy: whether the cluster-autoscaler may run. The rollout
-//! pauses it (enabled=false scales its Deployment to 0) while any node is not
-//! up to date, so it cannot fight the replacement over group sizes.
+//! AutoscalingStrategy: whether the cluster-autoscaler may run, and its
+//! command line. The rollout pauses it (enabled=false scales its Deployment
+//! to 0) while any node is not up to date, so it cannot fight the replacement
+//! over group sizes. As in Constellation, the strategy owns the command of the
+//! Deployment's first container: the binary, `autoscalerExtraArgs`, and one
+//! `--nodes=min:max:name` per autoscaled worker ScalingGroup.
 
 // kube's printcolumn(...) entries repeat keys such as type_ by design.
 #![allow(clippy::duplicated_attributes)]
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -39,6 +43,12 @@ use serde::{Deserialize, Serialize};
         json_path = ".status.replicas",
         description = "the autoscaler Deployment's replicas"
     ),
+    printcolumn(
+        name = "Configured",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"AutoscalerConfigured\")].status",
+        description = "whether the autoscaler's command line is what the strategy and the ScalingGroups ask for"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -53,8 +63,11 @@ pub struct AutoscalingStrategySpec {
     #[x_kube(validation = kube::core::Rule::new("self != ''")
         .message("spec.deploymentNamespace must not be empty"))]
     pub deployment_namespace: String,
-    /// Extra `--key=value` arguments for the cluster-autoscaler.
+    /// Extra `--key=value` arguments for the cluster-autoscaler (keys are flag
+    /// names without dashes; `--nodes` comes from the ScalingGroups).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = kube::core::Rule::new("self.all(k, k != '' && !k.startsWith('-') && k != 'nodes')")
+        .message("spec.autoscalerExtraArgs: keys are flag names without leading dashes, and --nodes comes from the ScalingGroups"))]
     pub autoscaler_extra_args: BTreeMap<String, String>,
 }
 
@@ -68,6 +81,10 @@ pub struct AutoscalingStrategyStatus {
     /// The cluster-autoscaler Deployment's replicas.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub replicas: i32,
+    /// `AutoscalerConfigured`: whether the Deployment runs the command line
+    /// asked for, naming any ScalingGroup left out and the field why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 fn is_zero(n: &i32) -> bool {
@@ -83,11 +100,6 @@ impl AutoscalingStrategySpec {
             .iter()
             .map(|(k, v)| format!("--{k}={v}"))
             .collect()
-    }
-
-    /// Replicas the autoscaler Deployment should have.
-    pub fn desired_replicas(&self) -> i32 {
-        i32::from(self.enabled)
     }
 }
 
@@ -109,12 +121,6 @@ mod tests {
             spec.extra_args(),
             ["--cloud-provider=gce", "--logtostderr=true", "--v=2"]
         );
-        assert_eq!(spec.desired_replicas(), 1);
-        let off = AutoscalingStrategySpec {
-            enabled: false,
-            ..spec
-        };
-        assert_eq!(off.desired_replicas(), 0);
     }
 
     #[test]
@@ -124,6 +130,7 @@ mod tests {
         let json = serde_json::to_value(AutoscalingStrategyStatus {
             enabled: true,
             replicas: 1,
+            conditions: Vec::new(),
         })
         .expect("serializable");
         assert_eq!(json, json!({"enabled": true, "replicas": 1}));

@@ -17,7 +17,7 @@ pub mod scaling_group;
 
 pub use autoscaling_strategy::{AutoscalingStrategy, AutoscalingStrategySpec, AutoscalingStrategyStatus};
 pub use joining_node::{JoiningNode, JoiningNodeSpec, JoiningNodeStatus};
-pub use node_version::{NodeCounts, NodeVersion, NodeVersionSpec, NodeVersionStatus};
+pub use node_version::{NodeCounts, NodeVersion, NodeVersionSpec, NodeVersionStatus, StatusList};
 pub use pending_node::{CspNodeState, PendingNode, PendingNodeGoal, PendingNodeSpec, PendingNodeStatus};
 pub use rollout::{Rollout, RolloutLimits};
 pub use scaling_group::{NodeRole, ScalingGroup, ScalingGroupSpec, ScalingGroupStatus};

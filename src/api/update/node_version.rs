@@ -6,6 +6,8 @@
 // kube's printcolumn(...) entries repeat keys such as type_ by design.
 #![allow(clippy::duplicated_attributes)]
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
@@ -161,6 +163,80 @@ pub struct NodeVersionStatus {
     /// Up-to-date nodes of all nodes, e.g. "7/12" (for `kubectl get`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// The full length of each non-empty node list above, by its JSON name:
+    /// the lists name at most their first 100 entries, so that the object
+    /// stays far below etcd's size limit at thousands of nodes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub list_totals: BTreeMap<String, u32>,
+}
+
+/// The node lists of [`NodeVersionStatus`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusList {
+    /// `outdated`
+    Outdated,
+    /// `upToDate`
+    UpToDate,
+    /// `donors`
+    Donors,
+    /// `heirs`
+    Heirs,
+    /// `mints`
+    Mints,
+    /// `pending`
+    Pending,
+    /// `invalid`
+    Invalid,
+}
+
+impl StatusList {
+    /// The list's JSON name, the key of `listTotals`.
+    pub fn json_name(self) -> &'static str {
+        match self {
+            StatusList::Outdated => "outdated",
+            StatusList::UpToDate => "upToDate",
+            StatusList::Donors => "donors",
+            StatusList::Heirs => "heirs",
+            StatusList::Mints => "mints",
+            StatusList::Pending => "pending",
+            StatusList::Invalid => "invalid",
+        }
+    }
+}
+
+impl NodeVersionStatus {
+    /// Sets `list` to the first `limit` of `entries` and records in
+    /// `listTotals` how many there are in all.
+    pub fn set_list(
+        &mut self,
+        list: StatusList,
+        limit: usize,
+        entries: impl Iterator<Item = ObjectReference>,
+    ) {
+        let mut listed = Vec::new();
+        let mut total = 0u32;
+        for entry in entries {
+            if listed.len() < limit {
+                listed.push(entry);
+            }
+            total = total.saturating_add(1);
+        }
+        *match list {
+            StatusList::Outdated => &mut self.outdated,
+            StatusList::UpToDate => &mut self.up_to_date,
+            StatusList::Donors => &mut self.donors,
+            StatusList::Heirs => &mut self.heirs,
+            StatusList::Mints => &mut self.mints,
+            StatusList::Pending => &mut self.pending,
+            StatusList::Invalid => &mut self.invalid,
+        } = listed;
+        let name = list.json_name().to_string();
+        if total == 0 {
+            self.list_totals.remove(&name);
+        } else {
+            self.list_totals.insert(name, total);
+        }
+    }
 }
 
 /// The node counts a human reads in `kubectl get nodeversions`.
@@ -204,6 +280,27 @@ impl NodeVersion {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn lists_name_their_first_entries_and_keep_the_total() {
+        let node = |i: usize| ObjectReference {
+            name: Some(format!("node-{i}")),
+            ..Default::default()
+        };
+        let mut status = NodeVersionStatus::default();
+        status.set_list(StatusList::Outdated, 3, (0..5).map(node));
+        status.set_list(StatusList::Heirs, 3, (0..2).map(node));
+        assert_eq!(status.outdated, (0..3).map(node).collect::<Vec<_>>());
+        assert_eq!(status.heirs.len(), 2);
+        let totals = json!(status.list_totals);
+        assert_eq!(totals, json!({"outdated": 5, "heirs": 2}));
+        // An emptied list drops its total, and an empty map is not written.
+        status.set_list(StatusList::Outdated, 3, std::iter::empty());
+        status.set_list(StatusList::Heirs, 3, std::iter::empty());
+        assert!(status.outdated.is_empty());
+        let written = serde_json::to_value(&status).expect("serializable");
+        assert!(written.get("listTotals").is_none(), "{written}");
+    }
 
     #[test]
     fn status_keeps_constellation_json_names() {
