@@ -242,7 +242,6 @@ pub fn plan(f: &Facts) -> Vec<Step> {
 
     // Pair each Ready mint with the first outdated node of its group that has no heir.
     let mut taken: BTreeSet<&str> = BTreeSet::new();
-    let mut paired_mints = 0usize;
 
     // A pairing half written (a leader died between annotating the heir and
     // its donor): the heir names a donor that names no heir. Finish it, or
@@ -263,18 +262,23 @@ pub fn plan(f: &Facts) -> Vec<Step> {
         .iter()
         .filter(|n| n.up_to_date && n.ready && n.joining && n.heir_of.is_none() && !n.obsolete)
     {
-        let partner = f.nodes.iter().find(|n| {
-            !n.up_to_date
-                && n.group == mint.group
-                && n.donor_to.is_none()
-                && n.heir_of.is_none()
-                && !n.obsolete
-                && !taken.contains(n.name.as_str())
-        });
+        // Nodes drained early come first: they are out of service already,
+        // and the instance was created on the slot they lent.
+        let partner = f
+            .nodes
+            .iter()
+            .filter(|n| {
+                !n.up_to_date
+                    && n.group == mint.group
+                    && n.donor_to.is_none()
+                    && n.heir_of.is_none()
+                    && !n.obsolete
+                    && !taken.contains(n.name.as_str())
+            })
+            .min_by_key(|n| n.drain == DrainState::None);
         match partner {
             Some(donor) => {
                 taken.insert(donor.name.as_str());
-                paired_mints += 1;
                 steps.push(Step::Pair {
                     donor: donor.name.clone(),
                     heir: mint.name.clone(),
@@ -308,14 +312,11 @@ pub fn plan(f: &Facts) -> Vec<Step> {
 
     // New instances: per group, outdated nodes still needing an heir, minus
     // instances already on their way; within the surge budget, plus one for
-    // each node drained early (it leaves, so its replacement adds no surge).
+    // each node of the group drained early (it leaves, so its replacement
+    // adds no surge). Replacements on their way in the group — instances
+    // joining, joined nodes not paired yet — take those slots first, and a
+    // mint pairs with a drained node first, so a slot is never used twice.
     let mut surge_left = f.max_surge.saturating_sub(c.surge);
-    let mut early_left = f
-        .nodes
-        .iter()
-        .filter(|n| !n.up_to_date && n.donor_to.is_none() && n.drain != DrainState::None)
-        .count()
-        .saturating_sub(f.joins.len() + paired_mints);
     let mut groups: Vec<&GroupFacts> = f.groups.iter().collect();
     groups.sort_by_key(|g| (g.role, g.id.clone()));
     for g in groups {
@@ -344,8 +345,19 @@ pub fn plan(f: &Facts) -> Vec<Step> {
                 })
                 .count();
         let want = needing.saturating_sub(on_the_way);
-        let from_early = want.min(early_left);
-        early_left -= from_early;
+        // Drained nodes that no heir (old, or paired just now) stands in for.
+        let drained_early = f
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.group == g.id
+                    && !n.up_to_date
+                    && n.donor_to.is_none()
+                    && n.drain != DrainState::None
+                    && !taken.contains(n.name.as_str())
+            })
+            .count();
+        let from_early = want.min(drained_early.saturating_sub(on_the_way));
         let from_surge = (want - from_early).min(surge_left);
         surge_left -= from_surge;
         let count = from_early + from_surge;
@@ -623,6 +635,37 @@ mod tests {
         ];
         assert_eq!(plan(&facts(&groups, &nodes, &[], 1)), []);
         assert_eq!(plan(&facts(&groups, &nodes, &[], 2)), [create("w", 1)]);
+    }
+
+    #[test]
+    fn a_node_drained_ahead_lends_its_slot_once_and_to_its_own_group() {
+        // Found by the property tests: at maxSurge 0 a drained node's slot
+        // was spent in another group, or twice when the instance made for
+        // it paired with a different node.
+        let drained = |name: &str, g: &str| NodeFacts {
+            drain: DrainState::Running,
+            ..old(name, g)
+        };
+        let mut groups = [group("a", Role::Worker), group("b", Role::Worker)];
+        groups[0].image_ready = false;
+        let nodes = [drained("a1", "a"), old("b1", "b")];
+        let mut f = facts(&groups, &nodes, &[], 0);
+        f.max_unavailable = 1;
+        assert_eq!(plan(&f), [], "no instance in group b for a node of group a");
+
+        // The new node pairs with the drained node first, whatever the order.
+        let groups = [group("w", Role::Worker)];
+        let nodes = [old("w1", "w"), drained("w2", "w"), mint("m", "w")];
+        let mut f = facts(&groups, &nodes, &[], 0);
+        f.max_unavailable = 1;
+        assert_eq!(
+            plan(&f),
+            [Step::Pair {
+                donor: "w2".into(),
+                heir: "m".into()
+            }],
+            "the drained node gets the heir; no second instance on its slot"
+        );
     }
 
     #[test]
