@@ -25,8 +25,9 @@ use serde_json::json;
 
 use super::App;
 use super::replacement_trace::{
-    CREATED_AT_ANNOTATION, FinishedReplacement, TRACE_FLUSH_TIMEOUT, drain_annotations, trace_create,
-    trace_delete_instance, trace_join, trace_replacement, trace_rollout_end, trace_surplus, trace_transfer,
+    CREATED_AT_ANNOTATION, FinishedReplacement, SentRoots, TRACE_FLUSH_TIMEOUT, drain_annotations,
+    trace_create, trace_delete_instance, trace_join, trace_node_deleted, trace_replacement,
+    trace_rollout_end, trace_surplus, trace_transfer,
 };
 use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
 use super::{delete_if_present, node_is_ready};
@@ -111,6 +112,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         strategies,
         metrics: app.metrics.clone(),
         recorder: app.recorder.clone(),
+        sent_roots: SentRoots::default(),
     });
 }
 
@@ -136,6 +138,8 @@ pub struct NodeVersionReconciler {
     pub metrics: Metrics,
     /// Publishes the rollout's Events on its NodeVersion.
     pub recorder: kube::runtime::events::Recorder,
+    /// Replacement roots this replica sent.
+    pub sent_roots: SentRoots,
 }
 
 fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -773,6 +777,19 @@ impl NodeVersionReconciler {
         if let Some((tp, _)) = replacement {
             trace_delete_instance(&tp, deleting_instance, deleting_node, &provider_id, known);
         }
+        let nv_name = nv.name_any();
+        let finished = FinishedReplacement {
+            donor: n,
+            heir: annotation(n, HEIR_ANNOTATION).unwrap_or_default(),
+            group: &group,
+            role: self.role_of(&group),
+            old_image: annotation(n, IMAGE_ANNOTATION).unwrap_or_default(),
+            new_image: &nv.spec.image,
+            nodeversion: &nv_name,
+        };
+        if self.sent_roots.first_time(n) {
+            trace_replacement(&finished).await;
+        }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: n.metadata.uid.clone(),
@@ -784,7 +801,7 @@ impl NodeVersionReconciler {
         // call that deleted it finishes the replacement.
         let node_api: Api<Node> = Api::all(self.client.clone());
         if delete_if_present(&node_api, &node, &params).await? {
-            self.finish_replacement(nv, n, &group, deleting_node).await;
+            self.finish_replacement(nv, &finished, deleting_node);
         }
         Ok(())
     }
@@ -876,16 +893,9 @@ impl NodeVersionReconciler {
 
     /// The old node and its instance are gone: the replacement's root span,
     /// sent before anything else happens (a replica killed now has sent it).
-    async fn finish_replacement(&self, nv: &NodeVersion, donor: &Node, group: &str, deleting: SystemTime) {
-        let nv_name = nv.name_any();
-        self.metrics
-            .replacements
-            .get_or_create(&NodeVersionLabels {
-                nodeversion: nv_name.clone(),
-            })
-            .inc();
-        let role = self
-            .groups
+    /// The role of the scaling group `group`, for the replacement's span.
+    fn role_of(&self, group: &str) -> &'static str {
+        self.groups
             .list()
             .iter()
             .find(|g| g.spec.group_id == group)
@@ -896,25 +906,27 @@ impl NodeVersionReconciler {
                     "worker"
                 }
             })
-            .unwrap_or("unknown");
-        let finished = FinishedReplacement {
-            donor,
-            heir: annotation(donor, HEIR_ANNOTATION).unwrap_or_default(),
-            group,
-            role,
-            old_image: annotation(donor, IMAGE_ANNOTATION).unwrap_or_default(),
-            new_image: &nv.spec.image,
-            nodeversion: &nv_name,
-        };
-        trace_replacement(&finished, deleting).await;
+            .unwrap_or("unknown")
+    }
+
+    /// The old Node is gone: count it, close its trace, tell the NodeVersion.
+    fn finish_replacement(&self, nv: &NodeVersion, finished: &FinishedReplacement<'_>, deleting: SystemTime) {
+        self.metrics
+            .replacements
+            .get_or_create(&NodeVersionLabels {
+                nodeversion: finished.nodeversion.to_string(),
+            })
+            .inc();
+        trace_node_deleted(finished, deleting);
         self.event(
             nv,
             EventType::Normal,
             "NodeReplaced",
             format!(
-                "node {} replaced by {} (scaling group {group})",
-                donor.name_any(),
-                finished.heir
+                "node {} replaced by {} (scaling group {})",
+                finished.donor.name_any(),
+                finished.heir,
+                finished.group
             ),
         );
     }

@@ -147,24 +147,22 @@ pub struct FinishedReplacement<'a> {
     pub nodeversion: &'a str,
 }
 
-/// The old node is deleted: its "delete node" phase and the replacement's
-/// root span, sent before anything else happens (a replica killed now has
-/// sent them).
-pub async fn trace_replacement(r: &FinishedReplacement<'_>, deleting: SystemTime) {
+/// The replacement's root span, sent (and flushed) right before the old
+/// Node is deleted: once the Node is gone no replica could send it any more,
+/// so a replica killed after the deletion must have sent it already. A
+/// replica killed between this and the deletion leaves the retirement to the
+/// next leader, which sends the root again with the same span id (one trace,
+/// the later end).
+pub async fn trace_replacement(r: &FinishedReplacement<'_>) {
     let Some((tp, started)) = trace::from_annotations(r.donor.metadata.annotations.as_ref()) else {
         return;
     };
     let now = SystemTime::now();
-    let name = r.donor.name_any();
-    trace::emit_phase(
-        &tp,
-        SpanRecord::new("delete node", deleting, now).attr("k8s.node.name", name.clone()),
-    );
     let started = started.unwrap_or(now);
     trace::emit_root(
         &tp,
         SpanRecord::new(trace::REPLACE_NODE, started, now)
-            .attr("k8s.node.name", name.clone())
+            .attr("k8s.node.name", r.donor.name_any())
             .attr("nodewarden.heir", r.heir.to_owned())
             .attr("nodewarden.scaling_group", r.group.to_owned())
             .attr("nodewarden.role", r.role.to_owned())
@@ -174,14 +172,54 @@ pub async fn trace_replacement(r: &FinishedReplacement<'_>, deleting: SystemTime
             .link(trace::rollout_of(r.donor.metadata.annotations.as_ref())),
     );
     trace::flush(TRACE_FLUSH_TIMEOUT).await;
+}
+
+/// The old Node is deleted: the "delete node" phase, and the log line.
+pub fn trace_node_deleted(r: &FinishedReplacement<'_>, deleting: SystemTime) {
+    let Some((tp, started)) = trace::from_annotations(r.donor.metadata.annotations.as_ref()) else {
+        return;
+    };
+    let now = SystemTime::now();
+    let name = r.donor.name_any();
+    trace::emit_phase(
+        &tp,
+        SpanRecord::new("delete node", deleting, now).attr("k8s.node.name", name.clone()),
+    );
     tracing::info!(
         trace_id = %tp.trace_id,
         node = %name,
         heir = r.heir,
         nodeversion = r.nodeversion,
-        seconds = now.duration_since(started).unwrap_or_default().as_secs_f64(),
+        seconds = now.duration_since(started.unwrap_or(now)).unwrap_or_default().as_secs_f64(),
         "node replacement finished"
     );
+}
+
+/// Trace ids whose replacement root this replica sent, so that a retirement
+/// repeated on a stale store does not send it twice (bounded: the oldest
+/// are forgotten).
+#[derive(Default)]
+pub struct SentRoots(std::sync::Mutex<std::collections::VecDeque<String>>);
+
+impl SentRoots {
+    const KEEP: usize = 4096;
+
+    /// True the first time `donor`'s trace is seen; records it.
+    pub fn first_time(&self, donor: &Node) -> bool {
+        let Some((tp, _)) = trace::from_annotations(donor.metadata.annotations.as_ref()) else {
+            return false;
+        };
+        let id = tp.trace_id.to_string();
+        let mut sent = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if sent.contains(&id) {
+            return false;
+        }
+        if sent.len() >= Self::KEEP {
+            sent.pop_front();
+        }
+        sent.push_back(id);
+        true
+    }
 }
 
 /// The rollout's root span, once no node is outdated. Returns when it
