@@ -93,6 +93,11 @@ impl TestEnv {
 }
 
 impl RunningOperator {
+    /// Whether the operator still runs (it did not fail or panic).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
     /// Graceful stop (as on SIGTERM).
     pub async fn stop(self) {
         self.shutdown.cancel();
