@@ -899,3 +899,181 @@ async fn a_lease_held_by_another_tool_makes_the_maintenance_wait() {
     op.stop().await;
     env.cleanup().await;
 }
+
+/// Chaos for maintenances: 50 NodeMaintenances on 20 PDB-guarded nodes
+/// (two or three per node, so duplicates race), deleted and recreated at
+/// random from a seeded schedule for 20 s. Sampled throughout: no node is
+/// held by two live maintenances, and a node whose live maintenance
+/// Succeeded is cordoned. After all are deleted: no finalizer, cordon,
+/// taint or lease of nodewarden is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_maintenances_deleted_and_recreated_at_random_leaves_nothing_behind() {
+    use rand::{Rng, SeedableRng};
+
+    const NODES: usize = 20;
+    const MAINTENANCES: usize = 50;
+    let env = TestEnv::new("nm-storm").await;
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    let nodes = env.create_kwok_nodes(NODES, &[]).await;
+    deployment(&env, "storm", 40).await;
+    pdb(&env, "storm", "storm", 36).await;
+    let seed: u64 = std::env::var("NODEWARDEN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    println!("maintenance storm: seed {seed} (NODEWARDEN_SEED={seed} replays it)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+
+    let api: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    let target = |i: usize| nodes[i % NODES].clone();
+    let name = |i: usize| env.name(&format!("storm-{i}"));
+    for i in 0..MAINTENANCES {
+        create_nm(
+            &env,
+            &maintenance(&env, &format!("storm-{i}"), &target(i), json!({})),
+        )
+        .await;
+    }
+
+    // The sampler: live (not being deleted) maintenances per node.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let sampler = {
+        let (api, nodes_api, stop) = (api.clone(), Api::<Node>::all(env.client.clone()), stop.clone());
+        let selector = env.run_selector();
+        tokio::spawn(async move {
+            let mut breaches = Vec::new();
+            let mut samples = 0;
+            while !stop.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let Ok(before) = api.list(&ListParams::default().labels(&selector)).await else {
+                    continue;
+                };
+                let Ok(node_list) = nodes_api.list(&ListParams::default().labels(&selector)).await else {
+                    continue;
+                };
+                let Ok(after) = api.list(&ListParams::default().labels(&selector)).await else {
+                    continue;
+                };
+                samples += 1;
+                // Judged only on maintenances unchanged across the node read.
+                let steady: Vec<&medik8s::NodeMaintenance> = before
+                    .items
+                    .iter()
+                    .filter(|m| m.metadata.deletion_timestamp.is_none())
+                    .filter(|m| {
+                        after.items.iter().any(|a| {
+                            a.metadata.uid == m.metadata.uid
+                                && a.metadata.resource_version == m.metadata.resource_version
+                        })
+                    })
+                    .collect();
+                let mut holders: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+                for m in &steady {
+                    let status = m.status.as_ref();
+                    let active = status.is_some_and(|s| {
+                        s.eviction_pods.is_some() && s.phase != Some(MaintenancePhase::Failed)
+                    });
+                    if active {
+                        holders
+                            .entry(m.spec.node_name.as_str())
+                            .or_default()
+                            .push(m.name_any());
+                    }
+                    if status.and_then(|s| s.phase) == Some(MaintenancePhase::Succeeded) {
+                        let node = node_list.items.iter().find(|n| n.name_any() == m.spec.node_name);
+                        if node.is_some_and(|n| !cordoned(n)) {
+                            breaches.push(format!(
+                                "{} Succeeded but {} is not cordoned",
+                                m.name_any(),
+                                m.spec.node_name
+                            ));
+                        }
+                    }
+                }
+                for (node, held) in holders {
+                    if held.len() > 1 {
+                        breaches.push(format!("{node} held by {held:?}"));
+                    }
+                }
+            }
+            (samples, breaches)
+        })
+    };
+
+    // The storm: every 100 ms one maintenance is deleted, or created again.
+    let storm_end = Instant::now() + Duration::from_secs(20);
+    let (mut deleted, mut recreated) = (0, 0);
+    while Instant::now() < storm_end {
+        let i = rng.random_range(0..MAINTENANCES);
+        match api.get_opt(&name(i)).await {
+            Ok(Some(m)) if m.metadata.deletion_timestamp.is_none() => {
+                if api.delete(&name(i), &DeleteParams::default()).await.is_ok() {
+                    deleted += 1;
+                }
+            }
+            Ok(None) => {
+                let nm = maintenance(&env, &format!("storm-{i}"), &target(i), json!({}));
+                if api.create(&PostParams::default(), &nm).await.is_ok() {
+                    recreated += 1;
+                }
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let phases = api
+        .list(&ListParams::default().labels(&env.run_selector()))
+        .await
+        .map(|l| {
+            let mut counts = std::collections::BTreeMap::new();
+            for m in l.items {
+                *counts
+                    .entry(format!("{:?}", m.status.and_then(|s| s.phase)))
+                    .or_insert(0) += 1;
+            }
+            counts
+        })
+        .unwrap_or_default();
+    println!("maintenance storm: {deleted} deleted, {recreated} created again; phases at the end {phases:?}");
+
+    // Everything deleted: nothing of nodewarden's is left.
+    let _ = api
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&env.run_selector()),
+        )
+        .await;
+    wait_for("every maintenance gone (finalizers done)", TIMEOUT, || async {
+        match api.list(&ListParams::default().labels(&env.run_selector())).await {
+            Ok(l) if l.items.is_empty() => Probe::Done(()),
+            Ok(l) => Probe::NotYet(format!("{} left", l.items.len())),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    stop.cancel();
+    let (samples, breaches) = sampler.await.expect("the sampler");
+    let leases = Api::<Lease>::namespaced(env.client.clone(), "medik8s-leases");
+    wait_for("every node released", TIMEOUT, || async {
+        let mut held = Vec::new();
+        for n in &nodes {
+            let node = node(&env, n).await;
+            let lease = leases.get_opt(&format!("node-{n}")).await.ok().flatten();
+            if cordoned(&node) || !taint_keys(&node).is_empty() || lease.is_some() {
+                held.push(n.clone());
+            }
+        }
+        if held.is_empty() {
+            Probe::Done(())
+        } else {
+            Probe::NotYet(format!("still held: {held:?}"))
+        }
+    })
+    .await;
+    println!("maintenance storm: {samples} samples, breaches {breaches:?}");
+    assert!(samples > 20, "the sampler ran ({samples} samples)");
+    assert!(breaches.is_empty(), "{breaches:#?}");
+    assert!(op.is_running(), "the operator kept running");
+    op.stop().await;
+    env.cleanup().await;
+}
