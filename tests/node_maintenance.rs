@@ -1005,19 +1005,20 @@ async fn a_storm_of_maintenances_deleted_and_recreated_at_random_leaves_nothing_
     let (mut deleted, mut recreated) = (0, 0);
     while Instant::now() < storm_end {
         let i = rng.random_range(0..MAINTENANCES);
-        match api.get_opt(&name(i)).await {
-            Ok(Some(m)) if m.metadata.deletion_timestamp.is_none() => {
-                if api.delete(&name(i), &DeleteParams::default()).await.is_ok() {
-                    deleted += 1;
-                }
+        let live = match api.get_opt(&name(i)).await {
+            Ok(Some(m)) => Some(m.metadata.deletion_timestamp.is_none()),
+            Ok(None) => None,
+            Err(_) => Some(false),
+        };
+        match live {
+            Some(true) => {
+                deleted += usize::from(api.delete(&name(i), &DeleteParams::default()).await.is_ok())
             }
-            Ok(None) => {
+            Some(false) => {}
+            None => {
                 let nm = maintenance(&env, &format!("storm-{i}"), &target(i), json!({}));
-                if api.create(&PostParams::default(), &nm).await.is_ok() {
-                    recreated += 1;
-                }
+                recreated += usize::from(api.create(&PostParams::default(), &nm).await.is_ok());
             }
-            _ => {}
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
