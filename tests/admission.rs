@@ -7,35 +7,14 @@ mod support;
 
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use kube::{Error, ResourceExt};
 use nodewarden::admission::{AdmissionConfig, ServingNames};
 use nodewarden::api::node_maintenance::{kubevirt, medik8s};
 use nodewarden::api::update::ScalingGroup;
 use serde_json::json;
 use support::admission::*;
 use support::{Probe, RUN_LABEL, TestEnv, wait_for};
-
-fn maintenance(env: &TestEnv, name: &str, node: &str) -> medik8s::NodeMaintenance {
-    serde_json::from_value(json!({
-        "apiVersion": "nodemaintenance.medik8s.io/v1beta1", "kind": "NodeMaintenance",
-        "metadata": {"name": env.name(name), "labels": {RUN_LABEL: env.id}},
-        "spec": {"nodeName": node, "reason": "test"},
-    }))
-    .expect("a NodeMaintenance")
-}
-
-/// The API server's answer to creating `obj`: Ok, or the refusal's message.
-async fn create<K>(api: &Api<K>, obj: &K) -> Result<(), String>
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.create(&PostParams::default(), obj).await {
-        Ok(_) => Ok(()),
-        Err(Error::Api(s)) => Err(s.message),
-        Err(e) => Err(e.to_string()),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {

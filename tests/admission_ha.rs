@@ -9,34 +9,14 @@ mod support;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::Error;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use nodewarden::api::node_maintenance::medik8s;
-use serde_json::json;
 use support::admission::*;
 use support::replicas::*;
-use support::{Probe, RUN_LABEL, TestEnv, wait_for};
+use support::{Probe, TestEnv, wait_for};
 
 /// The configuration and Secret names the shipped RBAC grants.
 const CONFIGURATION: &str = "nodewarden";
-
-fn maintenance(env: &TestEnv, name: &str, node: &str) -> medik8s::NodeMaintenance {
-    serde_json::from_value(json!({
-        "apiVersion": "nodemaintenance.medik8s.io/v1beta1", "kind": "NodeMaintenance",
-        "metadata": {"name": env.name(name), "labels": {RUN_LABEL: env.id}},
-        "spec": {"nodeName": node},
-    }))
-    .expect("a NodeMaintenance")
-}
-
-/// Ok, or the refusal's message.
-async fn create(api: &Api<medik8s::NodeMaintenance>, nm: &medik8s::NodeMaintenance) -> Result<(), String> {
-    match api.create(&PostParams::default(), nm).await {
-        Ok(_) => Ok(()),
-        Err(Error::Api(s)) => Err(s.message),
-        Err(e) => Err(e.to_string()),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standbys_keep_answering_admission_while_the_leader_is_killed() {

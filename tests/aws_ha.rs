@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams};
 use nodewarden::api::update::{NodeVersion, PendingNode, condition, reason};
 use serde_json::Value;
 use support::aws::*;
-use support::manifests::{find, generated_config_map, kustomize};
+use support::manifests::{find, generated_config_map, kustomize, shipped_container};
 use support::replicas::*;
 use support::rollout::*;
 use support::{Probe, TestEnv, wait_for};
@@ -31,23 +31,18 @@ use support::{Probe, TestEnv, wait_for};
 /// Deployment. `POD_NAME`/`POD_NAMESPACE` (from the downward API) are what
 /// `Replicas` passes as `--identity` and `--lease-namespace`; `--http-addr`
 /// is per replica.
-fn shipped_container(docs: &[Value]) -> (Vec<String>, BTreeMap<String, String>) {
-    let c = &find(docs, "Deployment", "nodewarden")["spec"]["template"]["spec"]["containers"][0];
-    let args: Vec<String> = c["args"]
-        .as_array()
+fn shipped_args_and_env(docs: &[Value]) -> (Vec<String>, BTreeMap<String, String>) {
+    let (c, args, from) = shipped_container(docs);
+    // Per replica here (the webhook has its own tests: three local
+    // processes cannot share its port).
+    let args = args
         .into_iter()
-        .flatten()
-        .filter_map(|a| a.as_str())
-        // Per replica here (the webhook has its own tests: three local
-        // processes cannot share its port).
-        .filter(|a| *a != "run" && !a.starts_with("--http-addr") && !a.starts_with("--webhook-addr"))
-        .map(String::from)
+        .filter(|a| a != "run" && !a.starts_with("--http-addr") && !a.starts_with("--webhook-addr"))
         .collect();
     let mut env = BTreeMap::new();
-    for from in c["envFrom"].as_array().into_iter().flatten() {
-        let name = from["configMapRef"]["name"].as_str().unwrap_or_default();
+    for name in &from {
         let (found, data) = generated_config_map(docs, name);
-        assert_eq!(found, name, "the Deployment reads the overlay's ConfigMap");
+        assert_eq!(&found, name, "the Deployment reads the overlay's ConfigMap");
         for (k, v) in data {
             env.insert(k, v.as_str().unwrap_or_default().to_string());
         }
@@ -79,7 +74,7 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
         role_arn.starts_with("arn:aws:iam::111122223333:role/"),
         "{role_arn}"
     );
-    let (args, mut shipped_env) = shipped_container(&overlay);
+    let (args, mut shipped_env) = shipped_args_and_env(&overlay);
     assert_eq!(
         shipped_env.get("NODEWARDEN_CLOUD").map(String::as_str),
         Some("aws")

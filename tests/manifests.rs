@@ -13,7 +13,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 use support::manifests::{
     Applied, apply, describe, documents, file_name, find, generated_config_map, is_namespace, kustomize,
-    to_object,
+    shipped_container, to_object,
 };
 
 /// Every `manifests/base/*.yaml` but its kustomization, sorted.
@@ -99,16 +99,7 @@ async fn every_manifest_passes_a_server_side_dry_run() {
 
 /// The container args and `envFrom` ConfigMaps of the Deployment an overlay renders.
 fn container(docs: &[Value]) -> (Vec<String>, Vec<String>) {
-    let c = &find(docs, "Deployment", "nodewarden")["spec"]["template"]["spec"]["containers"][0];
-    let args = strings(&c["args"]).into_iter().map(String::from).collect();
-    let from = c["envFrom"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|e| e["configMapRef"]["name"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let (_, args, from) = shipped_container(docs);
     (args, from)
 }
 

@@ -10,6 +10,33 @@ use serde_json::json;
 
 use super::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
 
+/// A medik8s NodeMaintenance of the test (its run label) for `node`.
+pub fn maintenance(
+    env: &TestEnv,
+    name: &str,
+    node: &str,
+) -> nodewarden::api::node_maintenance::medik8s::NodeMaintenance {
+    serde_json::from_value(json!({
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1", "kind": "NodeMaintenance",
+        "metadata": {"name": env.name(name), "labels": {RUN_LABEL: env.id}},
+        "spec": {"nodeName": node, "reason": "test"},
+    }))
+    .expect("a NodeMaintenance")
+}
+
+/// The API server's answer to creating `obj`: Ok, or the refusal's message
+/// (the webhook's verdict when it refused).
+pub async fn create<K>(api: &Api<K>, obj: &K) -> Result<(), String>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), obj).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) => Err(s.message),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A free loopback port (bound and released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

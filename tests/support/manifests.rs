@@ -167,3 +167,23 @@ pub fn generated_config_map(docs: &[Value], prefix: &str) -> (String, serde_json
         cm["data"].as_object().cloned().unwrap_or_default(),
     )
 }
+
+/// The nodewarden Deployment's container in rendered `docs`: its args and
+/// the ConfigMaps it reads its environment from (`envFrom`).
+pub fn shipped_container(docs: &[Value]) -> (&Value, Vec<String>, Vec<String>) {
+    let c = &find(docs, "Deployment", "nodewarden")["spec"]["template"]["spec"]["containers"][0];
+    let args = c["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(String::from)
+        .collect();
+    let from = c["envFrom"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["configMapRef"]["name"].as_str().map(String::from))
+        .collect();
+    (c, args, from)
+}
