@@ -121,25 +121,20 @@ pub fn autoscaler_args(
     let mut groups: Vec<_> = groups.iter().filter(|(_, g)| g.autoscaling).collect();
     groups.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, g) in groups {
-        let why = if g.is_control_plane() {
-            Some("spec.role is ControlPlane, which is never autoscaled")
-        } else if g.autoscaler_group_name.is_empty() {
-            Some("spec.autoscalerGroupName is empty")
-        } else if g.max.is_none() {
-            Some("spec.max is unset")
-        } else {
-            None
+        let max = match (g.is_control_plane(), g.autoscaler_group_name.is_empty(), g.max) {
+            (true, _, _) => Err("spec.role is ControlPlane, which is never autoscaled"),
+            (_, true, _) => Err("spec.autoscalerGroupName is empty"),
+            (_, _, None) => Err("spec.max is unset"),
+            (_, _, Some(max)) => Ok(max),
         };
-        match (why, g.max) {
-            (None, Some(max)) => {
+        match max {
+            Ok(max) => {
                 let min = g.min.unwrap_or(0);
                 out.args
                     .push(format!("--nodes={min}:{max}:{}", g.autoscaler_group_name));
                 out.groups.push(name.clone());
             }
-            (why, _) => out
-                .left_out
-                .push((name.clone(), why.unwrap_or_default().to_string())),
+            Err(why) => out.left_out.push((name.clone(), why.to_string())),
         }
     }
     out.args.sort();

@@ -774,8 +774,8 @@ impl NodeVersionReconciler {
             Err(e) => return Err(e.into()),
         };
         let deleting_node = SystemTime::now();
-        if let Some((tp, _)) = replacement {
-            trace_delete_instance(&tp, deleting_instance, deleting_node, &provider_id, known);
+        if let Some((tp, _)) = &replacement {
+            trace_delete_instance(tp, deleting_instance, deleting_node, &provider_id, known);
         }
         let nv_name = nv.name_any();
         let finished = FinishedReplacement {
@@ -787,8 +787,10 @@ impl NodeVersionReconciler {
             new_image: &nv.spec.image,
             nodeversion: &nv_name,
         };
-        if self.sent_roots.first_time(n) {
-            trace_replacement(&finished).await;
+        if let Some(trace) = &replacement
+            && self.sent_roots.first_time(&trace.0)
+        {
+            trace_replacement(&finished, trace).await;
         }
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -801,7 +803,7 @@ impl NodeVersionReconciler {
         // call that deleted it finishes the replacement.
         let node_api: Api<Node> = Api::all(self.client.clone());
         if delete_if_present(&node_api, &node, &params).await? {
-            self.finish_replacement(nv, &finished, deleting_node);
+            self.finish_replacement(nv, &finished, replacement.as_ref(), deleting_node);
         }
         Ok(())
     }
@@ -891,8 +893,6 @@ impl NodeVersionReconciler {
         Ok(())
     }
 
-    /// The old node and its instance are gone: the replacement's root span,
-    /// sent before anything else happens (a replica killed now has sent it).
     /// The role of the scaling group `group`, for the replacement's span.
     fn role_of(&self, group: &str) -> &'static str {
         self.groups
@@ -910,14 +910,22 @@ impl NodeVersionReconciler {
     }
 
     /// The old Node is gone: count it, close its trace, tell the NodeVersion.
-    fn finish_replacement(&self, nv: &NodeVersion, finished: &FinishedReplacement<'_>, deleting: SystemTime) {
+    fn finish_replacement(
+        &self,
+        nv: &NodeVersion,
+        finished: &FinishedReplacement<'_>,
+        trace: Option<&(TraceParent, Option<SystemTime>)>,
+        deleting: SystemTime,
+    ) {
         self.metrics
             .replacements
             .get_or_create(&NodeVersionLabels {
                 nodeversion: finished.nodeversion.to_string(),
             })
             .inc();
-        trace_node_deleted(finished, deleting);
+        if let Some(trace) = trace {
+            trace_node_deleted(finished, trace, deleting);
+        }
         self.event(
             nv,
             EventType::Normal,

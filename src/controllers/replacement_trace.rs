@@ -9,6 +9,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use crate::api::update::PendingNode;
+use opentelemetry::trace::TraceId;
+
 use crate::telemetry::trace::{self, SpanRecord, TRACEPARENT_ANNOTATION, TraceParent};
 
 /// On a PendingNode: when the cloud accepted the create (RFC 3339), where
@@ -153,14 +155,14 @@ pub struct FinishedReplacement<'a> {
 /// replica killed between this and the deletion leaves the retirement to the
 /// next leader, which sends the root again with the same span id (one trace,
 /// the later end).
-pub async fn trace_replacement(r: &FinishedReplacement<'_>) {
-    let Some((tp, started)) = trace::from_annotations(r.donor.metadata.annotations.as_ref()) else {
-        return;
-    };
+pub async fn trace_replacement(
+    r: &FinishedReplacement<'_>,
+    (tp, started): &(TraceParent, Option<SystemTime>),
+) {
     let now = SystemTime::now();
     let started = started.unwrap_or(now);
     trace::emit_root(
-        &tp,
+        tp,
         SpanRecord::new(trace::REPLACE_NODE, started, now)
             .attr("k8s.node.name", r.donor.name_any())
             .attr("nodewarden.heir", r.heir.to_owned())
@@ -175,14 +177,15 @@ pub async fn trace_replacement(r: &FinishedReplacement<'_>) {
 }
 
 /// The old Node is deleted: the "delete node" phase, and the log line.
-pub fn trace_node_deleted(r: &FinishedReplacement<'_>, deleting: SystemTime) {
-    let Some((tp, started)) = trace::from_annotations(r.donor.metadata.annotations.as_ref()) else {
-        return;
-    };
+pub fn trace_node_deleted(
+    r: &FinishedReplacement<'_>,
+    (tp, started): &(TraceParent, Option<SystemTime>),
+    deleting: SystemTime,
+) {
     let now = SystemTime::now();
     let name = r.donor.name_any();
     trace::emit_phase(
-        &tp,
+        tp,
         SpanRecord::new("delete node", deleting, now).attr("k8s.node.name", name.clone()),
     );
     tracing::info!(
@@ -199,25 +202,21 @@ pub fn trace_node_deleted(r: &FinishedReplacement<'_>, deleting: SystemTime) {
 /// repeated on a stale store does not send it twice (bounded: the oldest
 /// are forgotten).
 #[derive(Default)]
-pub struct SentRoots(std::sync::Mutex<std::collections::VecDeque<String>>);
+pub struct SentRoots(std::sync::Mutex<std::collections::VecDeque<TraceId>>);
 
 impl SentRoots {
     const KEEP: usize = 4096;
 
-    /// True the first time `donor`'s trace is seen; records it.
-    pub fn first_time(&self, donor: &Node) -> bool {
-        let Some((tp, _)) = trace::from_annotations(donor.metadata.annotations.as_ref()) else {
-            return false;
-        };
-        let id = tp.trace_id.to_string();
+    /// True the first time the replacement traced by `tp` asks; records it.
+    pub fn first_time(&self, tp: &TraceParent) -> bool {
         let mut sent = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if sent.contains(&id) {
+        if sent.contains(&tp.trace_id) {
             return false;
         }
         if sent.len() >= Self::KEEP {
             sent.pop_front();
         }
-        sent.push_back(id);
+        sent.push_back(tp.trace_id);
         true
     }
 }

@@ -240,7 +240,8 @@ pub fn plan(f: &Facts) -> Vec<Step> {
         }
     }
 
-    // Pair each Ready mint with the first outdated node of its group that has no heir.
+    // Pair each Ready mint with an outdated node of its group that has no heir
+    // (one drained early first).
     let mut taken: BTreeSet<&str> = BTreeSet::new();
 
     // A pairing half written (a leader died between annotating the heir and
