@@ -28,6 +28,24 @@ test: lint check-crds
     e2e/jaeger/build.sh >/dev/null
     cargo test --all-targets
 
+# The chaos run (tests/chaos.rs) once per seed: a rollout by 3 replicas while every fault strikes; logs in .run/chaos/.
+chaos seeds="1 2 3 4 5 6 7 8 9 10":
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export NODEWARDEN_RUN_DIR="{{justfile_directory()}}/.run/test"
+    trap 'e2e/controlplane/cluster.sh down' EXIT
+    e2e/controlplane/cluster.sh up >/dev/null
+    e2e/jaeger/build.sh >/dev/null
+    cargo test --no-run --test chaos 2>/dev/null
+    mkdir -p .run/chaos
+    failed=0
+    for seed in {{seeds}}; do
+      log=".run/chaos/seed-$seed.log"
+      if NODEWARDEN_SEED=$seed cargo test --test chaos -- --nocapture >"$log" 2>&1; then verdict=passed; else verdict=FAILED; failed=1; fi
+      echo "seed $seed: $verdict — $(grep -m1 '^chaos seed' "$log" || grep -m1 'panicked' -A1 "$log" | tail -n 1)"
+    done
+    exit $failed
+
 # shellcheck (pinned, cached outside the repository) on the e2e and CI scripts; rustfmt check and clippy with warnings denied.
 lint:
     e2e/tools/shellcheck.sh --external-sources $(find e2e -name '*.sh' | sort) .ci/run

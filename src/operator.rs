@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cloud::CloudProvider;
 use crate::cloud::metered::MeteredCloud;
+use crate::cloud::retry::{RetryPolicy, RetryingCloud};
 use crate::controllers::node_maintenance::MaintenanceConfig;
 use crate::controllers::{App, register_all, scaling_group};
 use crate::http::{self, HttpState};
@@ -79,10 +80,11 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
     app.maintenance = config.maintenance.clone();
     app.plans = config.plans.clone();
     app.bare_metal = config.bare_metal.unwrap_or(false);
-    app.cloud = config
-        .cloud
-        .clone()
-        .map(|cloud| Arc::new(MeteredCloud::new(cloud, metrics.clone())) as Arc<dyn CloudProvider>);
+    app.cloud = config.cloud.clone().map(|cloud| {
+        // Each attempt is metered and rationed; reads are retried above that.
+        let metered = Arc::new(MeteredCloud::new(cloud, metrics.clone()));
+        Arc::new(RetryingCloud::new(metered, RetryPolicy::default())) as Arc<dyn CloudProvider>
+    });
     register_all(&mut manager, &app);
     if let Some(node_version) = config.discover_scaling_groups.clone() {
         scaling_group::register_discovery(&mut manager, &app, node_version);

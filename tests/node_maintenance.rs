@@ -917,11 +917,7 @@ async fn a_storm_of_maintenances_deleted_and_recreated_at_random_leaves_nothing_
     let nodes = env.create_kwok_nodes(NODES, &[]).await;
     deployment(&env, "storm", 40).await;
     pdb(&env, "storm", "storm", 36).await;
-    let seed: u64 = std::env::var("NODEWARDEN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    println!("maintenance storm: seed {seed} (NODEWARDEN_SEED={seed} replays it)");
+    let seed = support::seed("maintenance storm");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
 
     let api: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());

@@ -214,15 +214,7 @@ async fn random_specs_are_refused_or_reported_and_nothing_stops_serving() {
     let nodes = env.create_kwok_nodes(3, &[]).await;
     let operator = env.start_operator(Default::default()).await;
 
-    let seed: u64 = std::env::var("NODEWARDEN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_secs())
-        });
-    println!("random specs: seed {seed} (NODEWARDEN_SEED={seed} replays it)");
+    let seed = support::seed("random specs");
     let mut seed_bytes = [0u8; 32];
     seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let mut runner = TestRunner::new_with_rng(

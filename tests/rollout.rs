@@ -19,7 +19,7 @@ use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::controllers::node_version::STATUS_LIST_LIMIT;
 use serde_json::json;
 use support::rollout::*;
-use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
+use support::{Probe, RUN_LABEL, seen, wait_for};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,19 +99,6 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
     let Rollout { env, sim, .. } = r;
     sim.sim.kill().await;
     env.cleanup().await;
-}
-
-/// Sets `joinTimeout` on the test's NodeVersion.
-async fn set_join_timeout(env: &TestEnv, timeout: &str) {
-    let patch = json!({"spec": {"rollout": {"joinTimeout": timeout}}});
-    Api::<NodeVersion>::all(env.client.clone())
-        .patch(
-            &env.name("version"),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .expect("setting joinTimeout");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -151,8 +151,32 @@ make_pki() {
   openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
 
+# write_audit_policy: the API server records every write nodewarden's
+# ServiceAccount makes (and the Lease bodies, to tell holder from holder), so a
+# test can check that no replica acted outside its lease term. Nothing else is
+# recorded: the log stays small on a shared cluster.
+write_audit_policy() {
+  cat >"$run_dir/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Request
+  users: ["system:serviceaccount:nodewarden-system:nodewarden"]
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  resources: [{group: "coordination.k8s.io", resources: ["leases"]}]
+- level: Metadata
+  users: ["system:serviceaccount:nodewarden-system:nodewarden"]
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+- level: None
+POLICY
+}
+
 start_apiserver() {
+  write_audit_policy
   start kube-apiserver \
+    --audit-policy-file="$run_dir/audit-policy.yaml" --audit-log-path="$run_dir/audit.log" \
+    --audit-log-format=json --audit-log-maxsize=200 --audit-log-maxbackup=1 \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
     --secure-port="$(cat "$run_dir/apiserver-port")" \
     --etcd-servers="http://127.0.0.1:$(cat "$run_dir/etcd-port")" \
@@ -204,6 +228,8 @@ up() {
   mkdir -p "$run_dir"
   if healthy_all; then
     [ "${NODEWARDEN_API_ONLY:-0}" = 1 ] || restart_kwok_if_stages_changed
+    # A control plane started before the audit log existed gets it now.
+    [ -f "$run_dir/audit-policy.yaml" ] || restart_apiserver
     log "already running; kubeconfig: $run_dir/kubeconfig"
     echo "$run_dir/kubeconfig"
     return 0

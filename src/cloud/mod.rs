@@ -14,6 +14,7 @@
 //! - [`error`]: [`CloudError`], what every provider's failures map onto.
 //! - [`metered`]: a provider wrapper that shares one rate limit and reports
 //!   every call's latency and errors.
+//! - [`retry`]: a provider wrapper that retries transient failures of reads.
 //! - [`sim`]: the `sim` provider, an HTTP client of `nodewarden sim-cloud`;
 //!   [`sim::wire`] is the protocol it speaks. The simulator itself is
 //!   [`crate::simcloud`], a separate module tree this one does not import.
@@ -21,6 +22,7 @@
 pub mod aws;
 pub mod error;
 pub mod metered;
+pub mod retry;
 pub mod sim;
 
 use futures::future::BoxFuture;

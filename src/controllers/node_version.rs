@@ -24,6 +24,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::App;
+use super::pending_node::join_deadline;
 use super::replacement_trace::{
     CREATED_AT_ANNOTATION, FinishedReplacement, SentRoots, TRACE_FLUSH_TIMEOUT, drain_annotations,
     trace_create, trace_delete_instance, trace_join, trace_node_deleted, trace_replacement,
@@ -602,34 +603,41 @@ impl NodeVersionReconciler {
         .await?;
         Ok(())
     }
-    /// Nodes with a provider ID but no group or image annotation: ask the cloud once.
+    /// Nodes with a provider ID but no group or image annotation: ask the
+    /// cloud once. A failure for one node does not stop the others (each
+    /// annotation written is kept); the first is returned at the end.
     async fn annotate_unknown_nodes(&self) -> Result<()> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut first_failure = None;
         for node in self.nodes.list() {
-            let provider_id = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .unwrap_or_default();
-            if provider_id.is_empty()
-                || (annotation(&node, GROUP_ANNOTATION).is_some()
-                    && annotation(&node, IMAGE_ANNOTATION).is_some())
-            {
-                continue;
+            if let Err(e) = self.annotate_if_unknown(&node).await {
+                first_failure.get_or_insert(e);
             }
-            let group = match self.cloud.node_group(provider_id).await {
-                Ok(g) => g,
-                // Not a node of this cloud: it stays unmanaged.
-                Err(e) if !e.retryable() => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let image = self.cloud.node_image(provider_id).await?;
-            let patch =
-                json!({"metadata": {"annotations": {GROUP_ANNOTATION: group, IMAGE_ANNOTATION: image}}});
-            nodes
-                .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
         }
+        first_failure.map_or(Ok(()), Err)
+    }
+
+    async fn annotate_if_unknown(&self, node: &Node) -> Result<()> {
+        let provider_id = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .unwrap_or_default();
+        if provider_id.is_empty()
+            || (annotation(node, GROUP_ANNOTATION).is_some() && annotation(node, IMAGE_ANNOTATION).is_some())
+        {
+            return Ok(());
+        }
+        let group = match self.cloud.node_group(provider_id).await {
+            Ok(g) => g,
+            // Not a node of this cloud: it stays unmanaged.
+            Err(e) if !e.retryable() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let image = self.cloud.node_image(provider_id).await?;
+        let patch = json!({"metadata": {"annotations": {GROUP_ANNOTATION: group, IMAGE_ANNOTATION: image}}});
+        Api::<Node>::all(self.client.clone())
+            .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
         Ok(())
     }
 
@@ -846,7 +854,7 @@ impl NodeVersionReconciler {
             },
             status: None,
         };
-        pending.create(&PostParams::default(), &pn).await?;
+        let written = pending.create(&PostParams::default(), &pn).await?;
         self.leader.ensure_leader()?;
         let created = self
             .cloud
@@ -866,9 +874,14 @@ impl NodeVersionReconciler {
             false,
         );
         trace::flush(TRACE_FLUSH_TIMEOUT).await;
+        // The join timeout counts from the cloud's answer (see join_deadline).
         let patch = json!({
             "metadata": {"annotations": {CREATED_AT_ANNOTATION: trace::format_time(accepted)}},
-            "spec": {"providerID": created.provider_id, "nodeName": created.node_name},
+            "spec": {
+                "providerID": created.provider_id,
+                "nodeName": created.node_name,
+                "deadline": join_deadline(&written, accepted),
+            },
         });
         pending
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))

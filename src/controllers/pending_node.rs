@@ -51,7 +51,8 @@ pub enum PendingStep {
     ReachedJoin,
     /// Still on its way: look again later.
     Wait,
-    /// Join deadline passed without a Node: delete the instance, goal Leave.
+    /// Join deadline passed without a Node: delete the instance, goal Leave
+    /// (once a fresh read confirms there is no Node: the store may lag).
     GiveUp,
     /// Leaving: ask the cloud to delete (again, harmlessly).
     Delete,
@@ -59,23 +60,39 @@ pub enum PendingStep {
     Forget,
 }
 
+/// How far the instance's Node has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeSeen {
+    /// No Node of its name.
+    Absent,
+    /// The Node registered; not Ready yet.
+    Joined,
+    /// The Node is Ready.
+    Ready,
+}
+
 /// The step for a PendingNode with `goal`: whether it has a provider ID yet,
 /// whether its create may still be under way, the instance's state at the
-/// cloud (None: the cloud has no record), whether its Node is Ready and
+/// cloud (None: the cloud has no record), how far its Node has come and
 /// whether the join deadline has passed.
+///
+/// A Node that registered has joined: the deadline no longer applies. Giving
+/// up then would delete the instance under a Node the cluster already counts
+/// (and may have scheduled pods on); readiness is the kubelet's, and the
+/// rollout waits for it before it drains anything.
 pub fn decide(
     goal: PendingNodeGoal,
     has_provider_id: bool,
     create_in_flight: bool,
     state: Option<InstanceState>,
-    node_ready: bool,
+    node: NodeSeen,
     deadline_passed: bool,
 ) -> PendingStep {
     match goal {
         PendingNodeGoal::Join if !has_provider_id && create_in_flight => PendingStep::CreateInFlight,
         PendingNodeGoal::Join if !has_provider_id => PendingStep::FinishCreate,
-        PendingNodeGoal::Join if node_ready => PendingStep::ReachedJoin,
-        PendingNodeGoal::Join if deadline_passed => PendingStep::GiveUp,
+        PendingNodeGoal::Join if node == NodeSeen::Ready => PendingStep::ReachedJoin,
+        PendingNodeGoal::Join if deadline_passed && node == NodeSeen::Absent => PendingStep::GiveUp,
         PendingNodeGoal::Join => PendingStep::Wait,
         // None: the cloud has no record — never created, or long gone.
         PendingNodeGoal::Leave => match state {
@@ -96,6 +113,21 @@ fn csp_state(state: Option<InstanceState>) -> CspNodeState {
         Some(InstanceState::Failed) => CspNodeState::Failed,
         Some(InstanceState::Unknown) | None => CspNodeState::Unknown,
     }
+}
+
+/// The join deadline of `pn`'s instance, made at `created`: the join timeout
+/// counts from the cloud's answer, not from when the PendingNode was written,
+/// so time lost to a failing or throttling cloud before the instance existed
+/// is not held against the instance. The timeout is the one the PendingNode
+/// was written with (its deadline less its creation).
+pub fn join_deadline(pn: &PendingNode, created: std::time::SystemTime) -> Option<Time> {
+    let written = pn.metadata.creation_timestamp.as_ref()?.0;
+    let timeout = pn.spec.deadline.as_ref()?.0.duration_since(written);
+    Timestamp::try_from(created)
+        .ok()?
+        .checked_add(timeout)
+        .ok()
+        .map(Time)
 }
 
 /// On a PendingNode whose instance did not join in time (and is being
@@ -157,7 +189,11 @@ impl Reconciler for PendingNodeReconciler {
         let provider_id = pn.spec.provider_id.as_str();
         let state = self.instance_state(provider_id).await?;
         let node = self.nodes.get(&ObjectKey::cluster(&pn.spec.node_name));
-        let ready = node.as_deref().is_some_and(node_is_ready);
+        let seen = match node.as_deref() {
+            None => NodeSeen::Absent,
+            Some(n) if node_is_ready(n) => NodeSeen::Ready,
+            Some(_) => NodeSeen::Joined,
+        };
         let deadline_passed = pn.spec.deadline_passed(Timestamp::now());
         let age = pn
             .metadata
@@ -171,7 +207,7 @@ impl Reconciler for PendingNodeReconciler {
             !provider_id.is_empty(),
             in_flight,
             state,
-            ready,
+            seen,
             deadline_passed,
         );
         let reached = step == PendingStep::ReachedJoin;
@@ -198,6 +234,11 @@ impl Reconciler for PendingNodeReconciler {
                 ))
             }
             PendingStep::GiveUp => {
+                // The Node may have registered a moment ago, unseen by the store yet.
+                let nodes: Api<Node> = Api::all(self.client.clone());
+                if nodes.get_opt(&pn.spec.node_name).await?.is_some() {
+                    return Ok(Action::RequeueAfter(POLL));
+                }
                 tracing::warn!(pending = %name, node = %pn.spec.node_name, "join deadline passed: deleting the instance");
                 self.delete_instance(provider_id).await?;
                 let deadline = Timestamp::now()
@@ -275,7 +316,11 @@ impl PendingNodeReconciler {
         }
         let patch = json!({
             "metadata": {"annotations": {CREATED_AT_ANNOTATION: trace::format_time(accepted)}},
-            "spec": {"providerID": created.provider_id, "nodeName": created.node_name},
+            "spec": {
+                "providerID": created.provider_id,
+                "nodeName": created.node_name,
+                "deadline": join_deadline(pn, accepted),
+            },
         });
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -286,40 +331,100 @@ impl PendingNodeReconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use InstanceState::*;
+    use InstanceState::{Creating, Terminated, Terminating};
+    use NodeSeen::{Absent, Joined, Ready};
     use PendingNodeGoal::*;
 
     #[test]
     fn decisions() {
         let cases = [
-            (Join, false, None, false, false, PendingStep::FinishCreate),
-            (Join, false, None, true, true, PendingStep::FinishCreate),
-            (Join, true, Some(Creating), false, false, PendingStep::Wait),
-            (Join, true, Some(Ready), false, false, PendingStep::Wait),
-            (Join, true, Some(Ready), true, false, PendingStep::ReachedJoin),
-            (Join, true, Some(Ready), true, true, PendingStep::ReachedJoin),
-            (Join, true, Some(Creating), false, true, PendingStep::GiveUp),
-            (Join, true, None, false, true, PendingStep::GiveUp),
-            (Leave, true, Some(Ready), false, false, PendingStep::Delete),
-            (Leave, true, Some(Terminating), false, false, PendingStep::Wait),
-            (Leave, true, Some(Terminated), false, false, PendingStep::Forget),
-            (Leave, true, None, false, false, PendingStep::Forget),
+            (Join, false, None, Absent, false, PendingStep::FinishCreate),
+            (Join, false, None, Ready, true, PendingStep::FinishCreate),
+            (Join, true, Some(Creating), Absent, false, PendingStep::Wait),
+            (
+                Join,
+                true,
+                Some(InstanceState::Ready),
+                Joined,
+                false,
+                PendingStep::Wait,
+            ),
+            (
+                Join,
+                true,
+                Some(InstanceState::Ready),
+                Ready,
+                false,
+                PendingStep::ReachedJoin,
+            ),
+            (
+                Join,
+                true,
+                Some(InstanceState::Ready),
+                Ready,
+                true,
+                PendingStep::ReachedJoin,
+            ),
+            (Join, true, Some(Creating), Absent, true, PendingStep::GiveUp),
+            (Join, true, None, Absent, true, PendingStep::GiveUp),
+            // Registered just as the deadline passed: joined, never given up on.
+            (
+                Join,
+                true,
+                Some(InstanceState::Ready),
+                Joined,
+                true,
+                PendingStep::Wait,
+            ),
+            (
+                Leave,
+                true,
+                Some(InstanceState::Ready),
+                Absent,
+                false,
+                PendingStep::Delete,
+            ),
+            (Leave, true, Some(Terminating), Absent, false, PendingStep::Wait),
+            (Leave, true, Some(Terminated), Joined, false, PendingStep::Forget),
+            (Leave, true, None, Absent, false, PendingStep::Forget),
         ];
-        for (goal, has_id, state, ready, late, want) in cases {
+        for (goal, has_id, state, node, late, want) in cases {
             assert_eq!(
-                decide(goal, has_id, false, state, ready, late),
+                decide(goal, has_id, false, state, node, late),
                 want,
-                "{goal:?} {has_id} {state:?} {ready} {late}"
+                "{goal:?} {has_id} {state:?} {node:?} {late}"
             );
         }
         // A young PendingNode without a provider ID: its create may be under way.
         assert_eq!(
-            decide(Join, false, true, None, false, false),
+            decide(Join, false, true, None, Absent, false),
             PendingStep::CreateInFlight
         );
         assert_eq!(
-            decide(Join, true, true, Some(Creating), false, false),
+            decide(Join, true, true, Some(Creating), Absent, false),
             PendingStep::Wait
         );
+    }
+
+    #[test]
+    fn the_join_timeout_counts_from_the_clouds_answer() {
+        let pn: PendingNode = serde_json::from_value(serde_json::json!({
+            "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "PendingNode",
+            "metadata": {"name": "join-1", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"groupID": "g", "nodeName": "", "goal": "Join", "deadline": "2026-01-01T00:10:00Z"},
+        }))
+        .expect("a PendingNode");
+        // The cloud answered 25 minutes late: the ten minutes start then.
+        let created: Timestamp = "2026-01-01T00:25:00Z".parse().expect("a time");
+        let created = std::time::SystemTime::from(created);
+        let deadline = join_deadline(&pn, created).expect("a deadline");
+        assert_eq!(
+            deadline.0,
+            "2026-01-01T00:35:00Z".parse::<Timestamp>().expect("a time")
+        );
+        // Without a deadline there is none to move.
+        let mut open = pn.clone();
+        open.spec.deadline = None;
+        assert_eq!(join_deadline(&open, created), None);
     }
 }

@@ -74,13 +74,7 @@ impl PrivateControlPlane {
 
     /// Kills kube-apiserver (SIGKILL) and starts it again on the same port.
     pub fn restart_apiserver(&self) {
-        let status = Command::new(repo().join("e2e/controlplane/cluster.sh"))
-            .arg("restart-apiserver")
-            .env("NODEWARDEN_RUN_DIR", &self.0.run_dir)
-            .env("NODEWARDEN_API_ONLY", "1")
-            .status()
-            .expect("running cluster.sh restart-apiserver");
-        assert!(status.success(), "cluster.sh restart-apiserver failed");
+        self.0.restart_apiserver();
     }
 }
 
@@ -94,6 +88,24 @@ impl Drop for PrivateControlPlane {
 }
 
 impl ControlPlane {
+    /// Kills kube-apiserver (SIGKILL) and starts it again on the same port,
+    /// etcd and every other component kept. Blocking (runs a script). On the
+    /// shared control plane only a test binary of its own may do this.
+    pub fn restart_apiserver(&self) {
+        let status = Command::new(repo().join("e2e/controlplane/cluster.sh"))
+            .arg("restart-apiserver")
+            .env("NODEWARDEN_RUN_DIR", &self.run_dir)
+            .status()
+            .expect("running cluster.sh restart-apiserver");
+        assert!(status.success(), "cluster.sh restart-apiserver failed");
+    }
+
+    /// The API server's audit log: every write by nodewarden's
+    /// ServiceAccount, one JSON event a line (see cluster.sh).
+    pub fn audit_log(&self) -> PathBuf {
+        self.run_dir.join("audit.log")
+    }
+
     /// A fresh admin client (each test builds its own: clients hold tasks on the
     /// runtime that created them).
     pub async fn client(&self) -> Client {

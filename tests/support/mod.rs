@@ -11,11 +11,12 @@
 //! CRDs), `env` (one test's namespace, run id, Nodes and Deployments, cleanup),
 //! `wait` (probes polled until done), `proxy` (a TCP proxy that cuts and stalls
 //! connections to the API server), `operator` (the operator under test, run
-//! in-process); `admission` (a webhook configuration pointing at a test's webhook), `manifests`, `aws` (moto, Auto Scaling groups, a joiner), `jaeger`, `sim`, `rollout`, `plans`, `metal3` (metal3's genuine BareMetalHost CRD), `sip` and `replicas` (nodewarden
+//! in-process), `audit` (the API server's record of nodewarden's writes); `admission` (a webhook configuration pointing at a test's webhook), `manifests`, `aws` (moto, Auto Scaling groups, a joiner), `jaeger`, `sim`, `rollout`, `plans`, `metal3` (metal3's genuine BareMetalHost CRD), `sip` and `replicas` (nodewarden
 //! run as processes, like the pods of its Deployment) for the tests that need them. Tests use the names re-exported here.
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
 pub mod admission;
+pub mod audit;
 pub mod aws;
 pub mod jaeger;
 pub mod manifests;
@@ -49,3 +50,14 @@ pub use nodewarden::controllers::node_is_ready;
 
 #[allow(unused_imports)] // Not every test binary applies manifests.
 pub use manifests::apply_manifest;
+
+/// The seed of a randomized test: `NODEWARDEN_SEED` when set (to replay a
+/// run), a random one otherwise; printed either way, with how to replay it.
+pub fn seed(test: &str) -> u64 {
+    let seed = std::env::var("NODEWARDEN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("{test}: seed {seed} (NODEWARDEN_SEED={seed} replays it)");
+    seed
+}

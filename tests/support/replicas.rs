@@ -17,12 +17,24 @@ use kube::config::Kubeconfig;
 use serde_json::json;
 use tokio::process::{Child, Command};
 
+use super::proxy::TcpProxy;
+
 /// Where manifests/ puts nodewarden (and its ServiceAccount and leases).
 pub const SYSTEM_NAMESPACE: &str = "nodewarden-system";
 
 /// A kubeconfig that authenticates as nodewarden's ServiceAccount, bound only
 /// to the roles of manifests/base/rbac.yaml.
 pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf {
+    let token = service_account_token(client).await;
+    let path = dir.join("nodewarden.kubeconfig");
+    write_token_kubeconfig(&path, &token, None);
+    path
+}
+
+/// Applies manifests/base's namespace and RBAC and returns a fresh token of
+/// nodewarden's ServiceAccount (each token has its own credential id, which
+/// the audit log records with every request).
+pub async fn service_account_token(client: &Client) -> String {
     for file in ["namespace.yaml", "rbac.yaml"] {
         super::apply_manifest(
             client,
@@ -39,15 +51,24 @@ pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf 
         }),
         ..Default::default()
     };
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+    Api::<ServiceAccount>::namespaced(client.clone(), SYSTEM_NAMESPACE)
         .create_token_request("nodewarden", &PostParams::default(), &request)
         .await
         .expect("a ServiceAccount token")
         .status
         .expect("a token in the status")
-        .token;
+        .token
+        .expect("a token")
+}
+
+/// Writes a kubeconfig for `token`, to the API server or, with `server`, to
+/// that URL instead (a proxy in front of it: the certificate names 127.0.0.1).
+fn write_token_kubeconfig(path: &Path, token: &str, server: Option<String>) {
     let admin = Kubeconfig::read_from(&super::control_plane().kubeconfig).expect("the admin kubeconfig");
-    let cluster = admin.clusters.first().expect("a cluster").clone();
+    let mut cluster = admin.clusters.first().expect("a cluster").clone();
+    if let (Some(server), Some(c)) = (server, cluster.cluster.as_mut()) {
+        c.server = Some(server);
+    }
     let config = json!({
         "apiVersion": "v1", "kind": "Config",
         "clusters": [cluster],
@@ -55,9 +76,28 @@ pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf 
         "contexts": [{"name": "nodewarden", "context": {"cluster": cluster.name, "user": "nodewarden"}}],
         "current-context": "nodewarden",
     });
-    let path = dir.join("nodewarden.kubeconfig");
-    std::fs::write(&path, serde_json::to_string(&config).expect("json")).expect("writing the kubeconfig");
-    path
+    std::fs::write(path, serde_json::to_string(&config).expect("json")).expect("writing the kubeconfig");
+}
+
+/// The `jti` claim of a ServiceAccount token: the audit log's
+/// `authentication.kubernetes.io/credential-id` is `JTI=<it>`.
+pub fn token_id(token: &str) -> String {
+    use base64::Engine;
+    let payload = token.split('.').nth(1).expect("a JWT has a payload");
+    let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .expect("a base64url payload");
+    let claims: serde_json::Value = serde_json::from_slice(&claims).expect("JSON claims");
+    claims["jti"].as_str().expect("a jti claim").to_string()
+}
+
+/// A replica's own way to the API server: its own token (the audit log
+/// tells it from the others by the token's id) through its own proxy (so it
+/// alone can be cut off while its process lives on).
+pub struct OwnLink {
+    pub proxy: TcpProxy,
+    pub kubeconfig: PathBuf,
+    pub token_id: String,
 }
 
 /// In `extra_env` of [`Replicas::start_with_env`]: every replica serves the
@@ -84,6 +124,10 @@ pub struct Replica {
 
 pub struct Replicas {
     pub args: Vec<String>,
+    /// The kubeconfig of every replica without a link of its own.
+    pub kubeconfig: PathBuf,
+    /// Replicas with their own token and proxy, by identity.
+    pub links: BTreeMap<String, OwnLink>,
     /// Each replica's /metrics address (kept across restarts, like a pod's).
     pub http: BTreeMap<String, String>,
     pub envs: Vec<(String, String)>,
@@ -132,10 +176,68 @@ impl Replicas {
         extra_env: &[(String, String)],
         logs: &Path,
     ) -> Replicas {
+        let mut replicas = Replicas::new(env, kubeconfig, lease_name, otlp_endpoint, extra, extra_env, logs);
+        for i in 0..count {
+            let replica = replicas.spawn(&format!("{}-replica-{i}", env.id));
+            replicas.running.push(replica);
+        }
+        replicas
+    }
+
+    /// As [`Replicas::start`], each replica with a link of its own
+    /// ([`OwnLink`]): a token of nodewarden's ServiceAccount and a proxy.
+    pub async fn start_linked(
+        count: usize,
+        env: &super::TestEnv,
+        lease_name: &str,
+        otlp_endpoint: &str,
+        extra: &[&str],
+        logs: &Path,
+    ) -> Replicas {
+        let mut replicas = Replicas::new(
+            env,
+            &logs.join("unused.kubeconfig"),
+            lease_name,
+            otlp_endpoint,
+            extra,
+            &[],
+            logs,
+        );
+        let apiserver = super::control_plane().apiserver_addr();
+        for i in 0..count {
+            let identity = format!("{}-replica-{i}", env.id);
+            let token = service_account_token(&env.client).await;
+            let proxy = TcpProxy::start(apiserver.clone()).await;
+            let kubeconfig = logs.join(format!("{identity}.kubeconfig"));
+            write_token_kubeconfig(
+                &kubeconfig,
+                &token,
+                Some(format!("https://127.0.0.1:{}", proxy.port)),
+            );
+            let link = OwnLink {
+                proxy,
+                kubeconfig,
+                token_id: token_id(&token),
+            };
+            replicas.links.insert(identity.clone(), link);
+            let replica = replicas.spawn(&identity);
+            replicas.running.push(replica);
+        }
+        replicas
+    }
+
+    /// The replicas' shared settings; none started yet.
+    fn new(
+        env: &super::TestEnv,
+        kubeconfig: &Path,
+        lease_name: &str,
+        otlp_endpoint: &str,
+        extra: &[&str],
+        extra_env: &[(String, String)],
+        logs: &Path,
+    ) -> Replicas {
         let selector = env.run_selector();
         let common = [
-            "--kubeconfig",
-            &kubeconfig.to_string_lossy(),
             "--lease-namespace",
             SYSTEM_NAMESPACE,
             "--lease-name",
@@ -152,11 +254,13 @@ impl Replicas {
             &selector,
         ]
         .map(String::from);
-        let mut replicas = Replicas {
+        Replicas {
             args: common
                 .into_iter()
                 .chain(extra.iter().map(|s| s.to_string()))
                 .collect(),
+            kubeconfig: kubeconfig.to_path_buf(),
+            links: BTreeMap::new(),
             envs: vec![
                 ("RUST_LOG".into(), "info".into()),
                 ("OTEL_EXPORTER_OTLP_ENDPOINT".into(), otlp_endpoint.into()),
@@ -173,12 +277,7 @@ impl Replicas {
                 .iter()
                 .any(|(k, _)| k == SERVE_WEBHOOK)
                 .then(BTreeMap::new),
-        };
-        for i in 0..count {
-            let replica = replicas.spawn(&format!("{}-replica-{i}", env.id));
-            replicas.running.push(replica);
         }
-        replicas
     }
 
     /// Every replica's /metrics text, by identity.
@@ -216,8 +315,14 @@ impl Replicas {
             }
             None => Vec::new(),
         };
+        let kubeconfig = self
+            .links
+            .get(identity)
+            .map_or(&self.kubeconfig, |l| &l.kubeconfig);
         let child = Command::new(env!("CARGO_BIN_EXE_nodewarden"))
             .arg("run")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
             .args(&self.args)
             .args(["--identity", identity, "--http-addr", &http])
             .args(&webhook)
@@ -233,6 +338,11 @@ impl Replicas {
         }
     }
 
+    /// The identities of the replicas (running or killed).
+    pub fn identities(&self) -> Vec<String> {
+        self.running.iter().map(|r| r.identity.clone()).collect()
+    }
+
     pub fn position(&self, identity: &str) -> usize {
         self.running
             .iter()
@@ -245,6 +355,12 @@ impl Replicas {
         let i = self.position(identity);
         let _ = self.running[i].child.start_kill();
         let _ = self.running[i].child.wait().await;
+    }
+
+    /// Whether the replica's process is still alive.
+    pub fn is_running(&mut self, identity: &str) -> bool {
+        let i = self.position(identity);
+        matches!(self.running[i].child.try_wait(), Ok(None))
     }
 
     /// Starts a killed replica again under the same name (the kubelet

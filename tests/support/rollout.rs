@@ -402,6 +402,20 @@ pub async fn workload(env: &TestEnv, name: &str, replicas: i32) {
     .await;
 }
 
+/// Sets `joinTimeout` on the test's NodeVersion: an instance that never
+/// joins is given up on in seconds, not the default half hour.
+pub async fn set_join_timeout(env: &TestEnv, timeout: &str) {
+    let patch = json!({"spec": {"rollout": {"joinTimeout": timeout}}});
+    Api::<NodeVersion>::all(env.client.clone())
+        .patch(
+            &env.name("version"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("setting joinTimeout");
+}
+
 /// Sets the image (and surge), then waits until every node runs it.
 pub async fn roll(r: &Rollout, image: &str, surge: usize) -> Duration {
     let total: usize = r.groups.iter().map(|g| g.2).sum();

@@ -1,6 +1,6 @@
 //! `nodewarden sim-cloud` as a child process of a test.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -16,19 +16,36 @@ pub struct SimCloud {
     pub provider: SimProvider,
     /// Where it listens (what `nodewarden run --sim-cloud` takes).
     pub addr: String,
+    config: PathBuf,
+    state: PathBuf,
 }
 
 impl SimCloud {
     /// Starts the binary on port 0 and reads the bound address from the first
     /// line of its stdout.
     pub async fn start(config: &Path, state: &Path) -> SimCloud {
+        SimCloud::start_on(config, state, "127.0.0.1:0").await
+    }
+
+    /// SIGKILL, `down` later the same config and state file on the same
+    /// address: a cloud API that went away mid-call and came back with what
+    /// it had acknowledged.
+    pub async fn restart(&mut self, down: Duration) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        tokio::time::sleep(down).await;
+        let (config, state, addr) = (self.config.clone(), self.state.clone(), self.addr.clone());
+        *self = SimCloud::start_on(&config, &state, &addr).await;
+    }
+
+    async fn start_on(config: &Path, state: &Path, listen: &str) -> SimCloud {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nodewarden"))
             .arg("sim-cloud")
             .arg("--config")
             .arg(config)
             .arg("--state")
             .arg(state)
-            .args(["--listen", "127.0.0.1:0", "--kubeconfig"])
+            .args(["--listen", listen, "--kubeconfig"])
             .arg(&super::control_plane().kubeconfig)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -55,6 +72,8 @@ impl SimCloud {
             child,
             provider,
             addr,
+            config: config.to_path_buf(),
+            state: state.to_path_buf(),
         }
     }
 
