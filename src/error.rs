@@ -41,6 +41,16 @@ pub enum Error {
     /// This replica lost (or never held) the leader lease, so it must not act.
     #[error("this replica is not the leader")]
     NotLeader,
+    /// A drained node runs evictable pods again (bound after its drain ended,
+    /// by a scheduler that had not seen the cordon): it is not deleted until
+    /// they are gone.
+    #[error("node {node} runs pods bound after its drain ({}); evicting them before it is deleted", .pods.join(", "))]
+    PodsLeft {
+        /// The node.
+        node: String,
+        /// The pods, as namespace/name.
+        pods: Vec<String>,
+    },
     /// Something the reconcile waited for did not finish in time.
     #[error("{what} did not finish within {after:?}")]
     Timeout {
@@ -98,6 +108,7 @@ impl Error {
             Error::Serialization(_) => Category::Serialization,
             Error::NotLeader => Category::NotLeader,
             Error::Timeout { .. } => Category::Timeout,
+            Error::PodsLeft { .. } => Category::DrainIncomplete,
         }
     }
 }

@@ -15,10 +15,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{
+    Api, DeleteParams, EvictParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -773,6 +775,8 @@ impl NodeVersionReconciler {
             .unwrap_or_default();
         let group = annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string();
         let replacement = trace::from_annotations(n.metadata.annotations.as_ref());
+        self.leader.ensure_leader()?;
+        self.evict_stragglers(&node).await?;
         self.track_leave(&node, &provider_id, &group).await?;
         self.leader.ensure_leader()?;
         let deleting_instance = SystemTime::now();
@@ -814,6 +818,41 @@ impl NodeVersionReconciler {
             self.finish_replacement(nv, &finished, replacement.as_ref(), deleting_node);
         }
         Ok(())
+    }
+
+    /// The last look before a drained node goes, read fresh from the API
+    /// server: a pod bound after the drain ended (a scheduler whose cache had
+    /// not seen the cordon yet, say after an API server restart) would go
+    /// down with the Node. Such pods are evicted (budgets still apply) and
+    /// the node is retired on a later pass, once none is left.
+    async fn evict_stragglers(&self, node: &str) -> Result<()> {
+        use crate::drain::pods::{PodClass, classify};
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let left: Vec<Pod> = pods
+            .list(&on_node)
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| classify(p) == PodClass::Evict)
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        for p in left.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &p.namespace().unwrap_or_default());
+            // A budget refusing (429) is retried with the reconcile.
+            if let Err(e) = api.evict(&p.name_any(), &EvictParams::default()).await {
+                tracing::debug!(pod = %p.name_any(), error = %e, "evicting a pod left on a drained node");
+            }
+        }
+        Err(Error::PodsLeft {
+            node: node.to_string(),
+            pods: left
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                .collect(),
+        })
     }
 
     /// A PendingNode first (its name is the cloud call's idempotency key),

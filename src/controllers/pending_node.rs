@@ -20,6 +20,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::App;
+use super::node_version::HEIR_ANNOTATION;
 use super::replacement_trace::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
 use super::{delete_if_present, node_is_ready};
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
@@ -258,8 +259,14 @@ impl Reconciler for PendingNodeReconciler {
                 Ok(Action::RequeueAfter(POLL))
             }
             PendingStep::Forget => {
-                // A Node left behind by a gone instance goes too.
-                if node.is_some() {
+                // A Node left behind by a gone instance goes too — unless it
+                // is a replacement's donor: the NodeVersion controller retires
+                // it, sending the replacement's root span before the Node
+                // goes (deleted here, that trace would lose its root).
+                let donor = node
+                    .as_deref()
+                    .is_some_and(|n| n.annotations().contains_key(HEIR_ANNOTATION));
+                if node.is_some() && !donor {
                     let nodes: Api<Node> = Api::all(self.client.clone());
                     delete_if_present(&nodes, &pn.spec.node_name, &DeleteParams::default()).await?;
                 }

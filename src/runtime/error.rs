@@ -24,6 +24,8 @@ pub enum Category {
     Serialization,
     /// A deadline passed (including a reconcile that ran past its timeout).
     Timeout,
+    /// A drained node runs pods again (bound after its drain): not deleted yet.
+    DrainIncomplete,
     /// The reconcile panicked (a bug; caught, counted and retried).
     Panic,
 }
@@ -40,6 +42,7 @@ impl Category {
             Category::NotLeader => "NotLeader",
             Category::Serialization => "SerializationError",
             Category::Timeout => "Timeout",
+            Category::DrainIncomplete => "DrainIncomplete",
             Category::Panic => "Panic",
         }
     }

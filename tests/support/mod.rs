@@ -54,10 +54,16 @@ pub use manifests::apply_manifest;
 /// The seed of a randomized test: `NODEWARDEN_SEED` when set (to replay a
 /// run), a random one otherwise; printed either way, with how to replay it.
 pub fn seed(test: &str) -> u64 {
+    seed_or(test, rand::random())
+}
+
+/// As [`seed`], with `default` when `NODEWARDEN_SEED` is unset: a run whose
+/// schedule CI replays the same way every time.
+pub fn seed_or(test: &str, default: u64) -> u64 {
     let seed = std::env::var("NODEWARDEN_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+        .unwrap_or(default);
     println!("{test}: seed {seed} (NODEWARDEN_SEED={seed} replays it)");
     seed
 }

@@ -109,9 +109,14 @@ pub async fn check(
                 );
                 tokio::spawn(async move {
                     if let Some((nodes, joins)) = in_flight_now(&client, &selector).await
-                        && nodes + joins > allowed
+                        && nodes.len() + joins.len() > allowed
                     {
-                        breaches.add(format!("{nodes} nodes + {joins} joining > {allowed} allowed"));
+                        breaches.add(format!(
+                            "{} nodes + {} joining > {allowed} allowed at {}: nodes {nodes:?}, joining {joins:?}",
+                            nodes.len(),
+                            joins.len(),
+                            k8s_openapi::jiff::Timestamp::now(),
+                        ));
                     }
                     confirming.store(false, std::sync::atomic::Ordering::SeqCst);
                 });
@@ -185,10 +190,11 @@ pub async fn check(
     }
 }
 
-/// Nodes and instances on their way at one moment, from the API server:
-/// nodes listed before and after the PendingNodes, and only nodes in both
-/// lists counted, so nothing created or deleted in between inflates the sum.
-async fn in_flight_now(client: &Client, selector: &str) -> Option<(usize, usize)> {
+/// Nodes and instances on their way (PendingNode names) at one moment, from
+/// the API server: nodes listed before and after the PendingNodes, and only
+/// nodes in both lists counted, so nothing created or deleted in between
+/// inflates the sum.
+async fn in_flight_now(client: &Client, selector: &str) -> Option<(Vec<String>, Vec<String>)> {
     let nodes: Api<Node> = Api::all(client.clone());
     let pending: Api<PendingNode> = Api::all(client.clone());
     let params = ListParams::default().labels(selector);
@@ -204,8 +210,9 @@ async fn in_flight_now(client: &Client, selector: &str) -> Option<(usize, usize)
         .iter()
         .filter(|p| p.spec.goal == Some(nodewarden::api::update::PendingNodeGoal::Join))
         .filter(|p| !seen.contains(&p.spec.node_name))
-        .count();
-    Some((before.intersection(&after).count(), joining))
+        .map(|p| format!("{} ({})", p.name_any(), p.spec.node_name))
+        .collect();
+    Some((before.intersection(&after).cloned().collect(), joining))
 }
 
 /// The invariant checker running in the background for one rollout.
