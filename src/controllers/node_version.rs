@@ -44,7 +44,7 @@ use crate::cloud::{CloudProvider, CreateNodeRequest};
 use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
-use crate::runtime::manager::{Manager, always};
+use crate::runtime::manager::{Manager, Source, always};
 use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
@@ -116,6 +116,8 @@ pub fn register(manager: &mut Manager, app: &App) {
         metrics: app.metrics.clone(),
         recorder: app.recorder.clone(),
         sent_roots: SentRoots::default(),
+        node_source: app.nodes.clone(),
+        object_source: app.objects.clone(),
     });
 }
 
@@ -143,6 +145,10 @@ pub struct NodeVersionReconciler {
     pub recorder: kube::runtime::events::Recorder,
     /// Replacement roots this replica sent.
     pub sent_roots: SentRoots,
+    /// The Nodes the `nodes` store watches, for a fresh read.
+    pub node_source: Source,
+    /// The PendingNodes the `pending` store watches, for a fresh read.
+    pub object_source: Source,
 }
 
 fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -181,6 +187,12 @@ struct Scope {
     pending: Vec<Arc<PendingNode>>,
 }
 
+impl Scope {
+    fn in_scope(&self, group: &str) -> bool {
+        self.groups.iter().any(|g| g.id == group)
+    }
+}
+
 /// The Join PendingNodes of a scope, sorted (see `settle_joins`).
 #[derive(Default)]
 struct Joins {
@@ -190,6 +202,53 @@ struct Joins {
     surplus: Vec<String>,
     /// Creates whose node has not joined yet.
     pending: Vec<JoinFacts>,
+}
+
+/// Sorts the Join PendingNodes of `scope` (pure): nodes still joining, nodes
+/// that joined for an older target (surplus), creates not joined yet; and
+/// the names of the PendingNodes whose node is paired already or marked
+/// surplus (a leader died between that and deleting them), to be deleted:
+/// counting one as joining would pair that heir with a second donor.
+fn sort_joins(nv: &NodeVersion, scope: &Scope) -> (Joins, Vec<String>) {
+    let mut joins = Joins::default();
+    let mut settled = Vec::new();
+    for p in scope
+        .pending
+        .iter()
+        .filter(|p| p.spec.goal == Some(PendingNodeGoal::Join))
+    {
+        match scope.nodes.iter().find(|n| n.name_any() == p.spec.node_name) {
+            Some(n)
+                if annotation(n, DONOR_ANNOTATION).is_some()
+                    || annotation(n, OBSOLETE_ANNOTATION).is_some() =>
+            {
+                settled.push(p.name_any());
+            }
+            // Judged only once annotated: a node that just joined gets its
+            // components annotation from its JoiningNode a moment later.
+            Some(n) if annotated(nv, n) && !is_current(nv, n) => joins.surplus.push(n.name_any()),
+            Some(_) => joins.joining.push(p.spec.node_name.clone()),
+            None => joins.pending.push(JoinFacts {
+                pending: p.name_any(),
+                group: p.spec.group_id.clone(),
+            }),
+        }
+    }
+    (joins, settled)
+}
+
+/// What the planner looks at: the scope's groups, its nodes' facts, the
+/// joins on their way and the budgets of `nv`.
+fn facts<'a>(nv: &NodeVersion, scope: &'a Scope, nodes: &'a [NodeFacts], joins: &'a Joins) -> Facts<'a> {
+    let limits = nv.spec.rollout_limits(nodes.len());
+    Facts {
+        groups: &scope.groups,
+        nodes,
+        joins: &joins.pending,
+        max_surge: limits.max_surge,
+        max_unavailable: limits.max_unavailable,
+        control_plane_first: nv.spec.rollout.control_plane_first,
+    }
 }
 
 /// Has `n` the annotations `is_current` judges by: its image, and its
@@ -400,21 +459,13 @@ impl NodeVersionReconciler {
         let scope = self.scope(nv);
         let joins = self.settle_joins(nv, &scope).await?;
         let node_facts = self.node_facts(nv, &scope, &joins);
-        let limits = nv.spec.rollout_limits(node_facts.len());
-        let facts = Facts {
-            groups: &scope.groups,
-            nodes: &node_facts,
-            joins: &joins.pending,
-            max_surge: limits.max_surge,
-            max_unavailable: limits.max_unavailable,
-            control_plane_first: nv.spec.rollout.control_plane_first,
-        };
+        let facts = facts(nv, &scope, &node_facts, &joins);
         let steps = rollout::plan(&facts);
         let counts = rollout::counts(&facts);
         let rollout_trace = self.trace_rollout(nv, &counts).await?;
         for step in &steps {
             tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
-            self.carry_out(nv, step, &scope.nodes, rollout_trace).await?;
+            self.carry_out(nv, step, &scope, rollout_trace).await?;
         }
         self.record_metrics(nv, &counts, !steps.is_empty());
         self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
@@ -505,34 +556,74 @@ impl NodeVersionReconciler {
     /// joining would pair that heir with a second donor.
     async fn settle_joins(&self, nv: &NodeVersion, scope: &Scope) -> Result<Joins> {
         let pending_api: Api<PendingNode> = Api::all(self.client.clone());
-        let mut joins = Joins::default();
-        for p in scope
-            .pending
-            .iter()
-            .filter(|p| p.spec.goal == Some(PendingNodeGoal::Join))
-        {
-            match scope.nodes.iter().find(|n| n.name_any() == p.spec.node_name) {
-                Some(n)
-                    if annotation(n, DONOR_ANNOTATION).is_some()
-                        || annotation(n, OBSOLETE_ANNOTATION).is_some() =>
-                {
-                    delete_if_present(&pending_api, &p.name_any(), &DeleteParams::default()).await?;
-                }
-                // Judged only once annotated: a node that just joined gets its
-                // components annotation from its JoiningNode a moment later.
-                Some(n) if annotated(nv, n) && !is_current(nv, n) => {
-                    self.mark_surplus(&n.name_any(), "it joined on an image the rollout no longer wants")
-                        .await?;
-                    joins.surplus.push(n.name_any());
-                }
-                Some(_) => joins.joining.push(p.spec.node_name.clone()),
-                None => joins.pending.push(JoinFacts {
-                    pending: p.name_any(),
-                    group: p.spec.group_id.clone(),
-                }),
-            }
+        let (joins, settled) = sort_joins(nv, scope);
+        for p in &settled {
+            delete_if_present(&pending_api, p, &DeleteParams::default()).await?;
+        }
+        for node in &joins.surplus {
+            self.mark_surplus(node, "it joined on an image the rollout no longer wants")
+                .await?;
         }
         Ok(joins)
+    }
+
+    /// The creates of `group` (at most `planned`) that a plan made from a
+    /// fresh read of the Nodes and PendingNodes agrees with.
+    ///
+    /// Why: a create is the one step that waiting cannot undo, and the stores
+    /// come from separate watches, each in order only within itself. A leader
+    /// elected just after its predecessor paired an heir can see that heir's
+    /// PendingNode deleted before it sees the pairing on the Node; the heir
+    /// then counts as neither joining nor paired, and one instance too many
+    /// would be made. Creates are few (one per replaced node), so one list of
+    /// each kind before them is cheap.
+    async fn confirmed_creates(
+        &self,
+        nv: &NodeVersion,
+        scope: &Scope,
+        group: &str,
+        planned: usize,
+    ) -> Result<usize> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let pending: Api<PendingNode> = Api::all(self.client.clone());
+        let fresh = Scope {
+            groups: scope.groups.clone(),
+            nodes: nodes
+                .list(&self.node_source.list_params())
+                .await?
+                .items
+                .into_iter()
+                .filter(|n| annotation(n, GROUP_ANNOTATION).is_some_and(|g| scope.in_scope(g)))
+                .map(Arc::new)
+                .collect(),
+            pending: pending
+                .list(&self.object_source.list_params())
+                .await?
+                .items
+                .into_iter()
+                .filter(|p| scope.in_scope(&p.spec.group_id))
+                .map(Arc::new)
+                .collect(),
+        };
+        let (joins, _) = sort_joins(nv, &fresh);
+        let node_facts = self.node_facts(nv, &fresh, &joins);
+        let facts = facts(nv, &fresh, &node_facts, &joins);
+        let confirmed = rollout::plan(&facts)
+            .into_iter()
+            .find_map(|step| match step {
+                Step::Create { group: g, count } if g == group => Some(count),
+                _ => None,
+            })
+            .unwrap_or(0);
+        if confirmed < planned {
+            tracing::info!(
+                group,
+                planned,
+                confirmed,
+                "a fresh read allows fewer creates than the stores did"
+            );
+        }
+        Ok(confirmed.min(planned))
     }
 
     /// What the planner needs to know of each node (reads only).
@@ -648,10 +739,10 @@ impl NodeVersionReconciler {
         &self,
         nv: &NodeVersion,
         step: &Step,
-        nodes: &[Arc<Node>],
+        scope: &Scope,
         rollout_trace: Option<TraceParent>,
     ) -> Result<()> {
-        let find = |name: &str| nodes.iter().find(|n| n.name_any() == name).cloned();
+        let find = |name: &str| scope.nodes.iter().find(|n| n.name_any() == name).cloned();
         match step {
             Step::Pair { donor, heir } => match find(donor) {
                 Some(donor_node) => self.pair(&donor_node, heir, find(heir)).await,
@@ -667,13 +758,14 @@ impl NodeVersionReconciler {
                 None => Ok(()),
             },
             Step::Create { group, count } => {
+                let count = self.confirmed_creates(nv, scope, group, *count).await?;
                 let deadline = Timestamp::now()
                     .checked_add(
                         SignedDuration::try_from(nv.spec.rollout.join_timeout())
                             .unwrap_or(SignedDuration::from_secs(1800)),
                     )
                     .unwrap_or(Timestamp::now());
-                for _ in 0..*count {
+                for _ in 0..count {
                     self.create_instance(nv, group, deadline, rollout_trace).await?;
                 }
                 Ok(())
@@ -1279,6 +1371,62 @@ mod tests {
             ready: true,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn joins_are_sorted_by_what_their_node_shows() {
+        let nv: NodeVersion = serde_json::from_value(json!({
+            "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "NodeVersion",
+            "metadata": {"name": "v"}, "spec": {"image": "new"},
+        }))
+        .expect("a NodeVersion");
+        let kube_node = |name: &str, annotations: serde_json::Value| -> Arc<Node> {
+            Arc::new(
+                serde_json::from_value(json!({"metadata": {"name": name, "annotations": annotations}}))
+                    .expect("a Node"),
+            )
+        };
+        let join = |name: &str, node: &str| -> Arc<PendingNode> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "PendingNode",
+                    "metadata": {"name": name},
+                    "spec": {"groupID": "g", "nodeName": node, "goal": "Join"},
+                }))
+                .expect("a PendingNode"),
+            )
+        };
+        let scope = Scope {
+            groups: vec![group("g", Role::Worker)],
+            nodes: vec![
+                kube_node(
+                    "paired",
+                    json!({DONOR_ANNOTATION: "old-1", IMAGE_ANNOTATION: "new"}),
+                ),
+                kube_node("stale", json!({IMAGE_ANNOTATION: "older"})),
+                kube_node("fresh", json!({})),
+                kube_node("new", json!({IMAGE_ANNOTATION: "new"})),
+            ],
+            pending: vec![
+                join("p-paired", "paired"),
+                join("p-stale", "stale"),
+                join("p-fresh", "fresh"),
+                join("p-new", "new"),
+                join("p-flight", ""),
+            ],
+        };
+        let (joins, settled) = sort_joins(&nv, &scope);
+        assert_eq!(settled, vec!["p-paired".to_string()]);
+        assert_eq!(joins.surplus, vec!["stale".to_string()]);
+        assert_eq!(joins.joining, vec!["fresh".to_string(), "new".to_string()]);
+        assert_eq!(
+            joins
+                .pending
+                .iter()
+                .map(|j| j.pending.as_str())
+                .collect::<Vec<_>>(),
+            vec!["p-flight"]
+        );
     }
 
     fn reasons(conditions: &[Condition]) -> BTreeMap<String, (String, String)> {

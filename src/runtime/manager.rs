@@ -62,6 +62,20 @@ impl Source {
         }
     }
 
+    /// A list of what the source's watch sees, read fresh from the API
+    /// server (no resourceVersion: a consistent read). The namespace is the
+    /// `Api`'s to choose.
+    pub fn list_params(&self) -> kube::api::ListParams {
+        let mut params = kube::api::ListParams::default();
+        if let Some(labels) = &self.label_selector {
+            params = params.labels(labels);
+        }
+        if let Some(fields) = &self.field_selector {
+            params = params.fields(fields);
+        }
+        params
+    }
+
     /// The labels an object needs to be seen through this source: the
     /// selector's `key=value` (or `key==value`) terms. Set-based and negated
     /// terms (`in`, `!=`, `!key`) name no single value and are left out; an
