@@ -350,7 +350,7 @@ async fn a_rollout_survives_every_fault_at_once() {
     let first = stage.leader().await;
     stage.record(format!("{first} leads"));
 
-    let checker = Checker::start(&env, NODES, SURGE);
+    let checker = Checker::start_with_sim(&env, NODES, SURGE, &stage.sim.lock().await.sim.provider);
     let done = CancellationToken::new();
     let (progress_tx, progress) = watch::channel(0);
     let tracker = tokio::spawn(track_progress(

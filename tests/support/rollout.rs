@@ -13,6 +13,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use nodewarden::api::update::{NodeVersion, PendingNode, ScalingGroup};
 use nodewarden::cloud::InstanceState;
+use nodewarden::cloud::sim::SimProvider;
 use nodewarden::runtime::reflector::{Event as ReflectorEvent, Reflector, ReflectorConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -54,6 +55,7 @@ pub async fn check(
     breaches: Arc<Breaches>,
     peak: Arc<std::sync::atomic::AtomicUsize>,
     stop: CancellationToken,
+    sim: Option<SimProvider>,
 ) {
     let selector = format!("{RUN_LABEL}={env_id}");
     let config = ReflectorConfig {
@@ -101,14 +103,15 @@ pub async fn check(
             // other (a new PendingNode seen before an older Node deletion).
             // A count over the limit is confirmed against the API server.
             if names.len() + joins > allowed && !confirming.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                let (client, selector, breaches, confirming) = (
+                let (client, selector, breaches, confirming, sim) = (
                     client.clone(),
                     selector.clone(),
                     breaches.clone(),
                     confirming.clone(),
+                    sim.clone(),
                 );
                 tokio::spawn(async move {
-                    if let Some((nodes, joins)) = in_flight_now(&client, &selector).await
+                    if let Some((nodes, joins)) = in_flight_now(&client, &selector, sim.as_ref()).await
                         && nodes.len() + joins.len() > allowed
                     {
                         breaches.add(format!(
@@ -194,7 +197,16 @@ pub async fn check(
 /// the API server: nodes listed before and after the PendingNodes, and only
 /// nodes in both lists counted, so nothing created or deleted in between
 /// inflates the sum.
-async fn in_flight_now(client: &Client, selector: &str) -> Option<(Vec<String>, Vec<String>)> {
+///
+/// A PendingNode whose create was answered but not yet recorded (its leader
+/// was cut off in between) names no node; with the sim-cloud at hand, the
+/// instance made for it (its idempotency key is the PendingNode's name) is
+/// looked up, so its Node, once joined, is not counted twice.
+async fn in_flight_now(
+    client: &Client,
+    selector: &str,
+    sim: Option<&SimProvider>,
+) -> Option<(Vec<String>, Vec<String>)> {
     let nodes: Api<Node> = Api::all(client.clone());
     let pending: Api<PendingNode> = Api::all(client.clone());
     let params = ListParams::default().labels(selector);
@@ -205,11 +217,25 @@ async fn in_flight_now(client: &Client, selector: &str) -> Option<(Vec<String>, 
     let joins = pending.list(&params).await.ok()?;
     let after = names(nodes.list(&params).await.ok()?);
     let seen: BTreeSet<&String> = before.union(&after).collect();
+    let made_for: std::collections::BTreeMap<String, String> = match sim {
+        Some(sim) => sim
+            .list_instances()
+            .await
+            .ok()?
+            .into_iter()
+            .filter_map(|i| Some((i.instance.request_id?, i.instance.name)))
+            .collect(),
+        None => Default::default(),
+    };
+    let node_of = |p: &PendingNode| match (p.spec.node_name.as_str(), made_for.get(&p.name_any())) {
+        ("", Some(made)) => made.clone(),
+        (name, _) => name.to_string(),
+    };
     let joining = joins
         .items
         .iter()
         .filter(|p| p.spec.goal == Some(nodewarden::api::update::PendingNodeGoal::Join))
-        .filter(|p| !seen.contains(&p.spec.node_name))
+        .filter(|p| !seen.contains(&node_of(p)))
         .map(|p| format!("{} ({})", p.name_any(), p.spec.node_name))
         .collect();
     Some((before.intersection(&after).cloned().collect(), joining))
@@ -228,6 +254,16 @@ pub struct Checker {
 impl Checker {
     /// Starts checking the rollout of `base` nodes with `surge` extra at most.
     pub fn start(env: &TestEnv, base: usize, surge: usize) -> Checker {
+        Checker::start_with(env, base, surge, None)
+    }
+
+    /// As [`Checker::start`], asking the sim-cloud which instance was made
+    /// for a PendingNode that names no node yet (see `in_flight_now`).
+    pub fn start_with_sim(env: &TestEnv, base: usize, surge: usize, sim: &SimProvider) -> Checker {
+        Checker::start_with(env, base, surge, Some(sim.clone()))
+    }
+
+    fn start_with(env: &TestEnv, base: usize, surge: usize, sim: Option<SimProvider>) -> Checker {
         let surge = Arc::new(Mutex::new(surge));
         let breaches = Arc::new(Breaches::default());
         let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -241,6 +277,7 @@ impl Checker {
             breaches.clone(),
             peak.clone(),
             stop.clone(),
+            sim,
         ));
         Checker {
             surge,
