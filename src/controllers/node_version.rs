@@ -697,16 +697,15 @@ impl NodeVersionReconciler {
         Ok(())
     }
     /// Nodes with a provider ID but no group or image annotation: ask the
-    /// cloud once. A failure for one node does not stop the others (each
-    /// annotation written is kept); the first is returned at the end.
+    /// cloud once. The first failure ends the pass (a cloud that is down is
+    /// not asked once per node); each annotation written is kept, and reads
+    /// are retried in place (`RetryingCloud`), so a flaky cloud still lets
+    /// the pass through.
     async fn annotate_unknown_nodes(&self) -> Result<()> {
-        let mut first_failure = None;
         for node in self.nodes.list() {
-            if let Err(e) = self.annotate_if_unknown(&node).await {
-                first_failure.get_or_insert(e);
-            }
+            self.annotate_if_unknown(&node).await?;
         }
-        first_failure.map_or(Ok(()), Err)
+        Ok(())
     }
 
     async fn annotate_if_unknown(&self, node: &Node) -> Result<()> {
