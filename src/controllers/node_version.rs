@@ -188,8 +188,26 @@ struct Scope {
 }
 
 impl Scope {
-    fn in_scope(&self, group: &str) -> bool {
-        self.groups.iter().any(|g| g.id == group)
+    /// The nodes and PendingNodes of `groups`, from any listing of them.
+    fn of(
+        groups: Vec<GroupFacts>,
+        nodes: impl IntoIterator<Item = Arc<Node>>,
+        pending: impl IntoIterator<Item = Arc<PendingNode>>,
+    ) -> Scope {
+        let in_scope = |group: &str| groups.iter().any(|g| g.id == group);
+        let nodes = nodes
+            .into_iter()
+            .filter(|n| annotation(n, GROUP_ANNOTATION).is_some_and(in_scope))
+            .collect();
+        let pending = pending
+            .into_iter()
+            .filter(|p| in_scope(&p.spec.group_id))
+            .collect();
+        Scope {
+            groups,
+            nodes,
+            pending,
+        }
     }
 }
 
@@ -529,24 +547,7 @@ impl NodeVersionReconciler {
                     == Some(nv.spec.image.as_str()),
             })
             .collect();
-        let in_scope = |group: &str| groups.iter().any(|g| g.id == group);
-        let nodes = self
-            .nodes
-            .list()
-            .into_iter()
-            .filter(|n| annotation(n, GROUP_ANNOTATION).is_some_and(in_scope))
-            .collect();
-        let pending = self
-            .pending
-            .list()
-            .into_iter()
-            .filter(|p| in_scope(&p.spec.group_id))
-            .collect();
-        Scope {
-            groups,
-            nodes,
-            pending,
-        }
+        Scope::of(groups, self.nodes.list(), self.pending.list())
     }
 
     /// Sorts the Join PendingNodes: nodes still joining, nodes that joined
@@ -586,25 +587,21 @@ impl NodeVersionReconciler {
     ) -> Result<usize> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let pending: Api<PendingNode> = Api::all(self.client.clone());
-        let fresh = Scope {
-            groups: scope.groups.clone(),
-            nodes: nodes
+        let fresh = Scope::of(
+            scope.groups.clone(),
+            nodes
                 .list(&self.node_source.list_params())
                 .await?
                 .items
                 .into_iter()
-                .filter(|n| annotation(n, GROUP_ANNOTATION).is_some_and(|g| scope.in_scope(g)))
-                .map(Arc::new)
-                .collect(),
-            pending: pending
+                .map(Arc::new),
+            pending
                 .list(&self.object_source.list_params())
                 .await?
                 .items
                 .into_iter()
-                .filter(|p| scope.in_scope(&p.spec.group_id))
-                .map(Arc::new)
-                .collect(),
-        };
+                .map(Arc::new),
+        );
         let (joins, _) = sort_joins(nv, &fresh);
         let node_facts = self.node_facts(nv, &fresh, &joins);
         let facts = facts(nv, &fresh, &node_facts, &joins);
@@ -696,40 +693,34 @@ impl NodeVersionReconciler {
         .await?;
         Ok(())
     }
-    /// Nodes with a provider ID but no group or image annotation: ask the
-    /// cloud once. The first failure ends the pass (a cloud that is down is
-    /// not asked once per node); each annotation written is kept, and reads
-    /// are retried in place (`RetryingCloud`), so a flaky cloud still lets
-    /// the pass through.
+    /// Nodes with a provider ID but no group or image annotation: ask the cloud once.
     async fn annotate_unknown_nodes(&self) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
         for node in self.nodes.list() {
-            self.annotate_if_unknown(&node).await?;
+            let provider_id = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .unwrap_or_default();
+            if provider_id.is_empty()
+                || (annotation(&node, GROUP_ANNOTATION).is_some()
+                    && annotation(&node, IMAGE_ANNOTATION).is_some())
+            {
+                continue;
+            }
+            let group = match self.cloud.node_group(provider_id).await {
+                Ok(g) => g,
+                // Not a node of this cloud: it stays unmanaged.
+                Err(e) if !e.retryable() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let image = self.cloud.node_image(provider_id).await?;
+            let patch =
+                json!({"metadata": {"annotations": {GROUP_ANNOTATION: group, IMAGE_ANNOTATION: image}}});
+            nodes
+                .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
         }
-        Ok(())
-    }
-
-    async fn annotate_if_unknown(&self, node: &Node) -> Result<()> {
-        let provider_id = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .unwrap_or_default();
-        if provider_id.is_empty()
-            || (annotation(node, GROUP_ANNOTATION).is_some() && annotation(node, IMAGE_ANNOTATION).is_some())
-        {
-            return Ok(());
-        }
-        let group = match self.cloud.node_group(provider_id).await {
-            Ok(g) => g,
-            // Not a node of this cloud: it stays unmanaged.
-            Err(e) if !e.retryable() => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        let image = self.cloud.node_image(provider_id).await?;
-        let patch = json!({"metadata": {"annotations": {GROUP_ANNOTATION: group, IMAGE_ANNOTATION: image}}});
-        Api::<Node>::all(self.client.clone())
-            .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
         Ok(())
     }
 

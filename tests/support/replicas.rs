@@ -91,6 +91,11 @@ pub fn token_id(token: &str) -> String {
     claims["jti"].as_str().expect("a jti claim").to_string()
 }
 
+/// The identity (and pod name) of the test's replica `i`.
+fn replica_identity(env: &super::TestEnv, i: usize) -> String {
+    format!("{}-replica-{i}", env.id)
+}
+
 /// A replica's own way to the API server: its own token (the audit log
 /// tells it from the others by the token's id) through its own proxy (so it
 /// alone can be cut off while its process lives on).
@@ -178,7 +183,7 @@ impl Replicas {
     ) -> Replicas {
         let mut replicas = Replicas::new(env, kubeconfig, lease_name, otlp_endpoint, extra, extra_env, logs);
         for i in 0..count {
-            let replica = replicas.spawn(&format!("{}-replica-{i}", env.id));
+            let replica = replicas.spawn(&replica_identity(env, i));
             replicas.running.push(replica);
         }
         replicas
@@ -205,7 +210,7 @@ impl Replicas {
         );
         let apiserver = super::control_plane().apiserver_addr();
         for i in 0..count {
-            let identity = format!("{}-replica-{i}", env.id);
+            let identity = replica_identity(env, i);
             let token = service_account_token(&env.client).await;
             let proxy = TcpProxy::start(apiserver.clone()).await;
             let kubeconfig = logs.join(format!("{identity}.kubeconfig"));
