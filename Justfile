@@ -28,7 +28,7 @@ test: lint check-crds
     e2e/jaeger/build.sh >/dev/null
     cargo test --all-targets
 
-# The chaos run (tests/chaos.rs) once per seed: a rollout by 3 replicas while every fault strikes; logs in .run/chaos/.
+# The chaos runs once per seed: a rollout (tests/chaos.rs) and storms of maintenances, Plans and SIPClusters (tests/chaos_storms.rs) by 3 replicas while every fault strikes; logs in .run/chaos/.
 chaos seeds="1 2 3 4 5 6 7 8 9 10":
     #!/usr/bin/env bash
     set -euo pipefail
@@ -36,13 +36,15 @@ chaos seeds="1 2 3 4 5 6 7 8 9 10":
     trap 'e2e/controlplane/cluster.sh down' EXIT
     e2e/controlplane/cluster.sh up >/dev/null
     e2e/jaeger/build.sh >/dev/null
-    cargo test --no-run --test chaos 2>/dev/null
+    cargo test --no-run --test chaos --test chaos_storms 2>/dev/null
     mkdir -p .run/chaos
     failed=0
     for seed in {{seeds}}; do
-      log=".run/chaos/seed-$seed.log"
-      if NODEWARDEN_SEED=$seed cargo test --test chaos -- --nocapture >"$log" 2>&1; then verdict=passed; else verdict=FAILED; failed=1; fi
-      echo "seed $seed: $verdict — $(grep -m1 '^chaos seed' "$log" || grep -m1 'panicked' -A1 "$log" | tail -n 1)"
+      for run in chaos chaos_storms; do
+        log=".run/chaos/$run-seed-$seed.log"
+        if NODEWARDEN_SEED=$seed cargo test --test "$run" -- --nocapture >"$log" 2>&1; then verdict=passed; else verdict=FAILED; failed=1; fi
+        echo "$run seed $seed: $verdict — $(grep -m1 '^chaos.*seed [0-9]*:' "$log" || grep -m1 'panicked' -A1 "$log" | tail -n 1)"
+      done
     done
     exit $failed
 
@@ -86,7 +88,16 @@ check-crds:
 
 # Benchmarks (criterion) printing their figures.
 bench:
-    cargo bench
+    cargo bench --bench workqueue --bench store --bench trace
+
+# Leader failover with production's election flags (benches/failover.rs): SIGTERM and SIGKILL of the leader, timed to the new leader's first reconcile.
+bench-failover:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export NODEWARDEN_RUN_DIR="{{justfile_directory()}}/.run/test"
+    trap 'e2e/controlplane/cluster.sh down' EXIT
+    e2e/controlplane/cluster.sh up >/dev/null
+    cargo bench --bench failover 2>/dev/null | grep '^failover:'
 
 # End to end on a kind cluster (Docker, kind, kubectl): rollout with a leader kill, traces in Jaeger.
 e2e:

@@ -51,6 +51,17 @@ pub enum Error {
         /// The pods, as namespace/name.
         pods: Vec<String>,
     },
+    /// An object changed since the reconcile judged it (seen in a newer
+    /// read than the one it decided on); retried on fresh state.
+    #[error("{kind} {name} changed since it was read: {reason}")]
+    Changed {
+        /// The object's kind.
+        kind: &'static str,
+        /// The object's name (namespace/name when namespaced).
+        name: String,
+        /// What changed.
+        reason: String,
+    },
     /// Something the reconcile waited for did not finish in time.
     #[error("{what} did not finish within {after:?}")]
     Timeout {
@@ -108,6 +119,7 @@ impl Error {
             Error::Serialization(_) => Category::Serialization,
             Error::NotLeader => Category::NotLeader,
             Error::Timeout { .. } => Category::Timeout,
+            Error::Changed { .. } => Category::Conflict,
             Error::PodsLeft { .. } => Category::DrainIncomplete,
         }
     }

@@ -28,9 +28,8 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -43,11 +42,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use support::audit;
+use support::chaos::*;
 use support::jaeger::Jaeger;
+use support::node_is_ready;
 use support::replicas::*;
 use support::rollout::*;
 use support::sim::OwnedSimCloud;
-use support::{Probe, control_plane, node_is_ready, wait_for};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -58,26 +58,16 @@ const GROUPS: [(&str, &str, usize); 3] = [
 ];
 const NODES: usize = 15;
 const SURGE: usize = 3;
-/// The replicas' `--lease-duration` (see `Replicas::start`).
-const LEASE_DURATION: Duration = Duration::from_secs(3);
 const NEW_IMAGE: &str = "img-2";
 const HEIR: &str = "constellation.edgeless.systems/heir";
 
 /// One fault of the run.
 #[derive(Clone, Copy, Debug)]
 enum Fault {
+    /// Of the API server or the replicas.
+    Cluster(ClusterFault),
     /// SIGKILL of the sim-cloud, restarted (same state file) after `down`.
     SimCloudKilled { down: Duration },
-    /// kube-apiserver SIGKILLed and started again, etcd kept.
-    ApiserverRestarted,
-    /// etcd compacted to its current revision, then kube-apiserver
-    /// restarted: every watch resumed from before gets 410 Gone.
-    EtcdCompactedAndApiserverRestarted,
-    /// SIGKILL of the leader (restarted under its name once another leads).
-    LeaderKilled,
-    /// The leader's connections to the API server cut for `cut` (longer
-    /// than its lease), its process left running.
-    LeaderCutOff { cut: Duration },
     /// An admin deletes a NodeMaintenance whose drain is running.
     MaintenanceDeletedMidDrain,
     /// An admin cordons an up-to-date node nodewarden is done with.
@@ -96,20 +86,11 @@ struct Moment {
 /// early enough that a drain and an up-to-date node are still to be found.
 fn schedule(seed: u64) -> Vec<Moment> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let faults = [
-        Fault::SimCloudKilled {
-            down: Duration::from_millis(rng.random_range(500..3000)),
-        },
-        Fault::ApiserverRestarted,
-        Fault::EtcdCompactedAndApiserverRestarted,
-        Fault::LeaderKilled,
-        Fault::LeaderKilled,
-        Fault::LeaderCutOff {
-            cut: Duration::from_millis(rng.random_range(4000..7000)),
-        },
-        Fault::MaintenanceDeletedMidDrain,
-        Fault::UnrelatedNodeCordoned,
-    ];
+    let down = Duration::from_millis(rng.random_range(500..3000));
+    let faults: Vec<Fault> = std::iter::once(Fault::SimCloudKilled { down })
+        .chain(ClusterFault::all(&mut rng).into_iter().map(Fault::Cluster))
+        .chain([Fault::MaintenanceDeletedMidDrain, Fault::UnrelatedNodeCordoned])
+        .collect();
     let mut moments: Vec<Moment> = faults
         .into_iter()
         .map(|fault| {
@@ -129,77 +110,24 @@ fn schedule(seed: u64) -> Vec<Moment> {
     moments
 }
 
-/// What the fault tasks share: the cluster, the replicas, the cloud, and a
-/// log of what happened when.
+/// What the fault tasks share: the cluster, the replicas, the cloud, and
+/// which node the admin cordoned.
 struct Stage {
     client: Client,
     selector: String,
-    replicas: tokio::sync::Mutex<Replicas>,
+    faulted: Faulted,
     sim: tokio::sync::Mutex<OwnedSimCloud>,
-    leases: Api<Lease>,
-    lease_name: String,
-    started: Instant,
-    log: Mutex<Vec<String>>,
-    /// The node the admin cordoned.
     cordoned: Mutex<Option<String>>,
 }
 
 impl Stage {
-    fn record(&self, what: String) {
-        let line = format!("{:>7.2?} {what}", self.started.elapsed());
-        println!("chaos: {line}");
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-    }
-
-    async fn leader(&self) -> String {
-        wait_for("a leader", Duration::from_secs(30), || async {
-            match holder(&self.leases, &self.lease_name).await {
-                Some(h) => Probe::Done(h),
-                None => Probe::NotYet("no holder".into()),
-            }
-        })
-        .await
-    }
-
     /// Carries out one fault; what happened, for the log.
     async fn strike(&self, fault: Fault, done: &CancellationToken) -> String {
         match fault {
+            Fault::Cluster(fault) => self.faulted.strike(fault).await,
             Fault::SimCloudKilled { down } => {
                 self.sim.lock().await.sim.restart(down).await;
                 format!("sim-cloud SIGKILLed, back after {down:?}")
-            }
-            Fault::ApiserverRestarted => {
-                let took = restart_apiserver().await;
-                format!("kube-apiserver restarted in {took:?}")
-            }
-            Fault::EtcdCompactedAndApiserverRestarted => {
-                let revision = control_plane().compact_etcd().await;
-                let took = restart_apiserver().await;
-                format!("etcd compacted at revision {revision}, kube-apiserver restarted in {took:?}")
-            }
-            Fault::LeaderKilled => {
-                let mut replicas = self.replicas.lock().await;
-                let leader = self.leader().await;
-                let killed = Instant::now();
-                replicas.kill(&leader).await;
-                let (next, took) = wait_for_new_leader(&self.leases, &self.lease_name, &leader, killed).await;
-                replicas.restart(&leader);
-                format!("leader {leader} SIGKILLed; {next} took over after {took:?}")
-            }
-            Fault::LeaderCutOff { cut } => {
-                let mut replicas = self.replicas.lock().await;
-                let leader = self.leader().await;
-                let since = Instant::now();
-                replicas.links[&leader].proxy.cut();
-                let (next, took) = wait_for_new_leader(&self.leases, &self.lease_name, &leader, since).await;
-                tokio::time::sleep(cut.saturating_sub(since.elapsed())).await;
-                let alive = replicas.is_running(&leader);
-                replicas.links[&leader].proxy.restore();
-                assert!(alive, "{leader} exited while cut off: it must wait to lead again");
-                format!(
-                    "leader {leader} cut off for {:?} (alive throughout); {next} took over after {took:?}",
-                    since.elapsed()
-                )
             }
             Fault::MaintenanceDeletedMidDrain => {
                 let api: Api<NodeMaintenance> = Api::all(self.client.clone());
@@ -260,14 +188,6 @@ fn done_with(nodes: &[Node]) -> Option<String> {
         .filter(|n| !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false))
         .find(|n| heirs.contains(&n.name_any()))
         .map(|n| n.name_any())
-}
-
-async fn restart_apiserver() -> Duration {
-    let start = Instant::now();
-    tokio::task::spawn_blocking(|| control_plane().restart_apiserver())
-        .await
-        .expect("restarting kube-apiserver");
-    start.elapsed()
 }
 
 /// Publishes how many nodes run the new image (and are Ready), until `stop`.
@@ -339,16 +259,12 @@ async fn a_rollout_survives_every_fault_at_once() {
     let stage = Arc::new(Stage {
         client: env.client.clone(),
         selector: env.run_selector(),
-        replicas: tokio::sync::Mutex::new(replicas),
+        faulted: Faulted::new(replicas, env.client.clone(), &lease_name),
         sim: tokio::sync::Mutex::new(sim),
-        leases: Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE),
-        lease_name: lease_name.clone(),
-        started: Instant::now(),
-        log: Mutex::default(),
         cordoned: Mutex::default(),
     });
-    let first = stage.leader().await;
-    stage.record(format!("{first} leads"));
+    let first = stage.faulted.leader().await;
+    stage.faulted.record(format!("{first} leads"));
 
     let checker = Checker::start_with_sim(&env, NODES, SURGE, &stage.sim.lock().await.sim.provider);
     let done = CancellationToken::new();
@@ -372,16 +288,18 @@ async fn a_rollout_survives_every_fault_at_once() {
                     return format!("MISSED: {:?} (the rollout ended first)", m.fault);
                 }
                 tokio::time::sleep(m.delay).await;
-                stage.record(format!("{:?} strikes", m.fault));
+                stage.faulted.record(format!("{:?} strikes", m.fault));
                 let what = stage.strike(m.fault, &done).await;
-                stage.record(what.clone());
+                stage.faulted.record(what.clone());
                 what
             })
         })
         .collect();
 
     let took = roll_nodes(&env, NODES, NEW_IMAGE, Some(SURGE)).await;
-    stage.record(format!("every node on {NEW_IMAGE} after {took:?}"));
+    stage
+        .faulted
+        .record(format!("every node on {NEW_IMAGE} after {took:?}"));
     done.cancel();
     let _ = tracker.await;
     let mut outcomes = Vec::new();
@@ -390,7 +308,8 @@ async fn a_rollout_survives_every_fault_at_once() {
     }
     let found = checker.finish().await;
     let stage = Arc::try_unwrap(stage).ok().expect("the fault tasks are done");
-    let mut replicas = stage.replicas.into_inner();
+    let log = stage.faulted.log();
+    let replicas = stage.faulted.replicas.into_inner();
     let tail = replicas.tail_logs();
     assert!(found.is_empty(), "invariants breached: {found:#?}\n{tail}");
     let missed: Vec<&String> = outcomes.iter().filter(|o| o.starts_with("MISSED")).collect();
@@ -441,34 +360,12 @@ async fn a_rollout_survives_every_fault_at_once() {
     }
 
     // The 410s happened: the compaction was not for nothing.
-    let expired: usize = replicas
-        .identities()
-        .iter()
-        .map(|id| {
-            std::fs::read_to_string(dir.join(format!("{id}.log")))
-                .unwrap_or_default()
-                .matches("watch expired (410)")
-                .count()
-        })
-        .sum();
+    let expired = expired_watches(&replicas);
     assert!(expired > 0, "no replica saw a watch expire (410)");
 
     // No write by a replica outside its lease term (the audit log).
-    let tokens: BTreeMap<String, String> = replicas
-        .links
-        .iter()
-        .map(|(identity, link)| (link.token_id.clone(), identity.clone()))
-        .collect();
-    let writes = audit::writes_since(&control_plane().audit_log(), since);
-    let terms =
-        audit::writes_outside_terms(&writes, &tokens, (SYSTEM_NAMESPACE, &lease_name), LEASE_DURATION);
-    assert!(
-        terms.breaches.is_empty(),
-        "writes outside the writer's lease term: {:#?}",
-        terms.breaches
-    );
+    let terms = assert_writes_within_terms(&replicas, &lease_name, since);
     let checked: usize = terms.checked.values().sum();
-    assert!(checked > 0, "the audit log recorded the replicas' writes");
 
     // One trace per replaced node, root span included.
     let traces = jaeger
@@ -498,15 +395,11 @@ async fn a_rollout_survives_every_fault_at_once() {
         terms.terms.len(),
         terms.checked,
     );
-    for line in stage.log.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    for line in log {
         println!("chaos: {line}");
     }
 
-    replicas.running.clear();
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = Api::<Lease>::namespaced(env.client.clone(), SYSTEM_NAMESPACE)
-        .delete(&lease_name, &DeleteParams::default())
-        .await;
+    tear_down(replicas, &env.client, &lease_name).await;
     let Rollout { env, sim, .. } = r;
     sim.sim.kill().await;
     env.cleanup().await;

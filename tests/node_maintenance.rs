@@ -933,68 +933,11 @@ async fn a_storm_of_maintenances_deleted_and_recreated_at_random_leaves_nothing_
 
     // The sampler: live (not being deleted) maintenances per node.
     let stop = tokio_util::sync::CancellationToken::new();
-    let sampler = {
-        let (api, nodes_api, stop) = (api.clone(), Api::<Node>::all(env.client.clone()), stop.clone());
-        let selector = env.run_selector();
-        tokio::spawn(async move {
-            let mut breaches = Vec::new();
-            let mut samples = 0;
-            while !stop.is_cancelled() {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let Ok(before) = api.list(&ListParams::default().labels(&selector)).await else {
-                    continue;
-                };
-                let Ok(node_list) = nodes_api.list(&ListParams::default().labels(&selector)).await else {
-                    continue;
-                };
-                let Ok(after) = api.list(&ListParams::default().labels(&selector)).await else {
-                    continue;
-                };
-                samples += 1;
-                // Judged only on maintenances unchanged across the node read.
-                let steady: Vec<&medik8s::NodeMaintenance> = before
-                    .items
-                    .iter()
-                    .filter(|m| m.metadata.deletion_timestamp.is_none())
-                    .filter(|m| {
-                        after.items.iter().any(|a| {
-                            a.metadata.uid == m.metadata.uid
-                                && a.metadata.resource_version == m.metadata.resource_version
-                        })
-                    })
-                    .collect();
-                let mut holders: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
-                for m in &steady {
-                    let status = m.status.as_ref();
-                    let active = status.is_some_and(|s| {
-                        s.eviction_pods.is_some() && s.phase != Some(MaintenancePhase::Failed)
-                    });
-                    if active {
-                        holders
-                            .entry(m.spec.node_name.as_str())
-                            .or_default()
-                            .push(m.name_any());
-                    }
-                    if status.and_then(|s| s.phase) == Some(MaintenancePhase::Succeeded) {
-                        let node = node_list.items.iter().find(|n| n.name_any() == m.spec.node_name);
-                        if node.is_some_and(|n| !cordoned(n)) {
-                            breaches.push(format!(
-                                "{} Succeeded but {} is not cordoned",
-                                m.name_any(),
-                                m.spec.node_name
-                            ));
-                        }
-                    }
-                }
-                for (node, held) in holders {
-                    if held.len() > 1 {
-                        breaches.push(format!("{node} held by {held:?}"));
-                    }
-                }
-            }
-            (samples, breaches)
-        })
-    };
+    let sampler = tokio::spawn(support::maintenances::sample_maintenances(
+        env.client.clone(),
+        nodes.iter().cloned().collect(),
+        stop.clone(),
+    ));
 
     // The storm: every 100 ms one maintenance is deleted, or created again.
     let storm_end = Instant::now() + Duration::from_secs(20);

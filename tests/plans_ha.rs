@@ -86,14 +86,7 @@ async fn three_replicas_upgrade_in_place_through_two_leader_kills_with_one_trace
         &kubeconfig,
         &lease_name,
         &jaeger.otlp_endpoint,
-        &[
-            "--plan-namespace",
-            &env.namespace,
-            "--plan-settle",
-            "2",
-            "--plan-job-backoff-limit",
-            "0",
-        ],
+        &replica_plan_flags(&env.namespace),
         &dir,
     );
     wait_for("a leader", Duration::from_secs(30), || async {

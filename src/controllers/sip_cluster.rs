@@ -102,6 +102,31 @@ fn is_free(host: &BareMetalHost) -> bool {
     host.labels().get(labels::CLUSTER_NAME).is_none()
 }
 
+/// Whether `host`, as read now, still belongs to `owner` (None: free), as
+/// the round that decides to write it judged it.
+fn still_owned_by(host: &BareMetalHost, owner: Option<&Key<SIPCluster>>) -> Result<()> {
+    let now = claimed_by(host);
+    let free_now = is_free(host);
+    let as_judged = match owner {
+        None => free_now,
+        Some(key) => now.as_ref() == Some(key),
+    };
+    if as_judged {
+        return Ok(());
+    }
+    let expected = owner.map_or("free".to_string(), |k| format!("claimed by {k}"));
+    let found = match now {
+        Some(k) => format!("claimed by {k}"),
+        None if free_now => "free".to_string(),
+        None => "labelled without a cluster namespace".to_string(),
+    };
+    Err(Error::Changed {
+        kind: "BareMetalHost",
+        name: host_id(host),
+        reason: format!("expected {expected}, found {found}"),
+    })
+}
+
 struct SipContext {
     client: Client,
     leader: LeaderHandle,
@@ -284,9 +309,10 @@ impl SipReconciler {
     async fn apply_hosts(&self, sip: &SIPCluster, plan: &ClusterPlan) -> Result<()> {
         let ns = sip.namespace().unwrap_or_default();
         let name = sip.name_any();
+        let ours = Key::<SIPCluster>::new(Some(&ns), &name);
         for (p, role) in plan.roles.iter().zip(ROLES) {
             for (host, why) in &p.release {
-                self.patch_host(host, release_labels()).await?;
+                self.patch_host(host, Some(&ours), release_labels()).await?;
                 self.event(
                     sip,
                     EventType::Normal,
@@ -295,11 +321,12 @@ impl SipReconciler {
                 );
             }
             for (host, state) in &p.restate {
-                self.patch_host(host, json!({ labels::STATE: state.as_str() }))
+                self.patch_host(host, Some(&ours), json!({ labels::STATE: state.as_str() }))
                     .await?;
             }
         }
-        let mut claimed: Vec<String> = Vec::new();
+        // Each host this round claimed, with the version its claim wrote.
+        let mut claimed: Vec<(String, String)> = Vec::new();
         for (p, role) in plan.roles.iter().zip(ROLES) {
             for (host, state) in &p.claim {
                 let patch = json!({
@@ -308,13 +335,14 @@ impl SipReconciler {
                     labels::NODE_TYPE: role,
                     labels::STATE: state.as_str(),
                 });
-                match self.patch_host(host, patch).await {
-                    Ok(()) => claimed.push(host.clone()),
+                match self.patch_host(host, None, patch).await {
+                    Ok(version) => claimed.push((host.clone(), version)),
                     Err(e) => {
                         // Someone changed the host first (another cluster's
-                        // claim): give back what this round took.
-                        for taken in &claimed {
-                            let _ = self.patch_host_unconditionally(taken, release_labels()).await;
+                        // claim): give back what this round took, each
+                        // conditioned on the version its claim wrote.
+                        for (taken, version) in &claimed {
+                            let _ = self.release_claim(taken, version).await;
                         }
                         return Err(e);
                     }
@@ -339,38 +367,53 @@ impl SipReconciler {
     }
 
     /// Patches a host's labels on the resourceVersion the cache holds.
-    async fn patch_host(&self, host: &str, labels: serde_json::Value) -> Result<()> {
+    /// Patches a host's labels if it still belongs to `owner` (None: free)
+    /// in the cache, conditioned on that cached version; returns the version
+    /// written. The round judged the host on an earlier read: the version
+    /// alone would let the write through over whatever changed the host
+    /// since (another cluster's claim), so its owner is checked too.
+    async fn patch_host(
+        &self,
+        host: &str,
+        owner: Option<&Key<SIPCluster>>,
+        labels: serde_json::Value,
+    ) -> Result<String> {
         let Some(current) = self.host(host) else {
             return Err(Error::NotFound {
                 kind: "BareMetalHost",
                 name: host.to_string(),
             });
         };
+        still_owned_by(&current, owner)?;
         self.ctx.leader.ensure_leader()?;
         let api: Api<BareMetalHost> =
             Api::namespaced(self.ctx.client.clone(), &current.namespace().unwrap_or_default());
         let patch = json!({"metadata": {"labels": labels, "resourceVersion": current.resource_version()}});
+        let written = api
+            .patch(
+                &current.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(written.resource_version().unwrap_or_default())
+    }
+
+    /// Undoes this round's own claim of `host`, if nothing wrote it since
+    /// (the cache may not have seen the claim yet, so its version is the
+    /// one the claim wrote).
+    async fn release_claim(&self, host: &str, version: &str) -> Result<()> {
+        let Some(current) = self.host(host) else {
+            return Ok(());
+        };
+        self.ctx.leader.ensure_leader()?;
+        let api: Api<BareMetalHost> =
+            Api::namespaced(self.ctx.client.clone(), &current.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {"labels": release_labels(), "resourceVersion": version}});
         api.patch(
             &current.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// Undoing this round's own claim: its resourceVersion is the one the
-    /// claim wrote, not the cached one.
-    async fn patch_host_unconditionally(&self, host: &str, labels: serde_json::Value) -> Result<()> {
-        let Some(current) = self.host(host) else {
-            return Ok(());
-        };
-        let api: Api<BareMetalHost> =
-            Api::namespaced(self.ctx.client.clone(), &current.namespace().unwrap_or_default());
-        api.patch(
-            &current.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"labels": labels}})),
         )
         .await?;
         Ok(())
@@ -662,7 +705,8 @@ impl SipReconciler {
         let _one_at_a_time = self.ctx.claiming.lock().await;
         for host in self.ctx.hosts.list() {
             if claimed_by(&host).as_ref() == Some(&key) {
-                self.patch_host(&host_id(&host), release_labels()).await?;
+                self.patch_host(&host_id(&host), Some(&key), release_labels())
+                    .await?;
             }
         }
         self.ctx.leader.ensure_leader()?;
@@ -872,4 +916,76 @@ fn status_for(
         Timestamp::now(),
     );
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(cluster: Option<(&str, &str)>) -> BareMetalHost {
+        let mut labels = serde_json::Map::new();
+        if let Some((ns, name)) = cluster {
+            labels.insert(labels::CLUSTER_NAMESPACE.into(), ns.into());
+            labels.insert(labels::CLUSTER_NAME.into(), name.into());
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "metal3.io/v1alpha1",
+            "kind": "BareMetalHost",
+            "metadata": {"name": "h", "namespace": "metal", "labels": labels},
+            "spec": {},
+        }))
+        .expect("a host")
+    }
+
+    /// A host is written only as the round judged it: a claim needs it free
+    /// still, a restate or release needs it still the cluster's — never
+    /// another cluster's that claimed it since.
+    #[test]
+    fn a_host_is_written_only_as_it_was_judged() {
+        let alpha = Key::<SIPCluster>::new(Some("sip"), "alpha");
+        let beta = Key::<SIPCluster>::new(Some("sip"), "beta");
+        // (what, host now, owner the round judged, written)
+        let cases = [
+            ("claim of a free host", host(None), None, true),
+            (
+                "claim of a host alpha took since",
+                host(Some(("sip", "alpha"))),
+                None,
+                false,
+            ),
+            (
+                "alpha restates its own host",
+                host(Some(("sip", "alpha"))),
+                Some(&alpha),
+                true,
+            ),
+            (
+                "alpha releases a host beta holds now",
+                host(Some(("sip", "beta"))),
+                Some(&alpha),
+                false,
+            ),
+            (
+                "alpha releases a host released since",
+                host(None),
+                Some(&alpha),
+                false,
+            ),
+            (
+                "same name, other namespace",
+                host(Some(("other", "alpha"))),
+                Some(&alpha),
+                false,
+            ),
+            ("beta's own", host(Some(("sip", "beta"))), Some(&beta), true),
+        ];
+        for (what, h, owner, written) in cases {
+            let result = still_owned_by(&h, owner);
+            assert_eq!(result.is_ok(), written, "{what}: {result:?}");
+            if let Err(e) = result {
+                assert_eq!(e.category(), crate::error::Category::Conflict, "{what}");
+                assert!(e.to_string().contains("metal/h"), "{what}: {e}");
+            }
+        }
+    }
 }

@@ -12,12 +12,14 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions, WatchEvent, WatchParams};
 use tokio::time::Instant;
+use tracing::debug;
 
 /// Why one attempt on the Lease failed (logged; the loop tries again).
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +78,12 @@ pub trait LeaseLock: Send + Sync {
     /// Deletes the Lease if it is still at `resource_version`; true when
     /// this call deleted it.
     fn delete<'a>(&'a self, resource_version: &'a str) -> BoxFuture<'a, Result<bool, LeaseError>>;
+    /// Resolves once the Lease, changed after `resource_version`, names no
+    /// holder or is gone — a leader handing over — or when the caller should
+    /// read it again (its history expired). Never resolves otherwise: a
+    /// standby waits on this and on its retry timer, whichever comes first,
+    /// so a failed watch only costs the speed-up.
+    fn released<'a>(&'a self, resource_version: &'a str) -> BoxFuture<'a, ()>;
 }
 
 /// A Lease on the API server.
@@ -179,7 +187,55 @@ impl LeaseLock for KubeLeaseLock {
             }
         })
     }
+
+    fn released<'a>(&'a self, resource_version: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            // One watch of this Lease alone, from the version just read, so a
+            // release between that read and this watch is not missed.
+            let params = WatchParams::default()
+                .fields(&format!("metadata.name={}", self.name))
+                .timeout(WATCH_TIMEOUT_SECONDS);
+            let events = match self.api.watch(&params, resource_version).await {
+                Ok(events) => events,
+                Err(err) => {
+                    debug!(error = %err, lease = %self.describe(), "cannot watch the lease; polling only");
+                    return std::future::pending().await;
+                }
+            };
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
+                        let held = lease
+                            .spec
+                            .and_then(|s| s.holder_identity)
+                            .is_some_and(|h| !h.is_empty());
+                        if !held {
+                            return;
+                        }
+                    }
+                    Ok(WatchEvent::Deleted(_)) => return,
+                    // 410: the version read is gone from history; read again.
+                    Ok(WatchEvent::Error(e)) if e.code == 410 => return,
+                    Ok(WatchEvent::Bookmark(_)) => {}
+                    Ok(WatchEvent::Error(e)) => {
+                        debug!(error = %e.message, lease = %self.describe(), "lease watch failed; polling only");
+                        break;
+                    }
+                    Err(err) => {
+                        debug!(error = %err, lease = %self.describe(), "lease watch failed; polling only");
+                        break;
+                    }
+                }
+            }
+            std::future::pending().await
+        })
+    }
 }
+
+/// A standby's lease watch is replaced every retry period anyway; this only
+/// bounds one left open by a caller that stopped polling it.
+const WATCH_TIMEOUT_SECONDS: u32 = 60;
 
 /// The record as this candidate last saw it, and when (by the local clock) it
 /// last saw it change.

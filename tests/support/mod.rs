@@ -18,7 +18,9 @@
 pub mod admission;
 pub mod audit;
 pub mod aws;
+pub mod chaos;
 pub mod jaeger;
+pub mod maintenances;
 pub mod manifests;
 pub mod metal3;
 pub mod plans;

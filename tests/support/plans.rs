@@ -126,6 +126,19 @@ pub async fn create_pdb(env: &TestEnv, name: &str, app: &str, max_unavailable: i
         .expect("creating a pdb");
 }
 
+/// `nodewarden run` flags for Plans in a test's namespace: settled after
+/// 2 s, a failed Job not retried.
+pub fn replica_plan_flags(namespace: &str) -> [&str; 6] {
+    [
+        "--plan-namespace",
+        namespace,
+        "--plan-settle",
+        "2",
+        "--plan-job-backoff-limit",
+        "0",
+    ]
+}
+
 pub fn upgrade(image: &str) -> Value {
     json!({"image": image, "command": ["upgrade"], "args": ["--now"]})
 }
@@ -134,8 +147,8 @@ pub fn upgrade(image: &str) -> Value {
 #[derive(Default)]
 pub struct Breaches(pub Mutex<Vec<String>>);
 
-/// Plays the upgrade's reboot: each node whose Job of `plan` completed
-/// goes NotReady for 4 s (kwok Stage on `nodewarden.dev/kwok-reboot`).
+/// Plays the upgrade's reboot: after each Job of `plan` completes, its
+/// node goes NotReady for 4 s (kwok Stage on `nodewarden.dev/kwok-reboot`).
 /// Returns the nodes it rebooted.
 pub async fn reboot_after_job(
     client: Client,
@@ -147,6 +160,7 @@ pub async fn reboot_after_job(
     let node_api: Api<Node> = Api::all(client);
     let reboot = json!({"metadata": {"annotations": {"nodewarden.dev/kwok-reboot": "4"}}});
     let mut rebooted = BTreeSet::new();
+    let mut done_jobs: BTreeSet<String> = BTreeSet::new();
     while !stop.is_cancelled() {
         let lp = ListParams::default().labels(&format!("upgrade.cattle.io/plan={plan}"));
         for job in jobs.list(&lp).await.map(|l| l.items).unwrap_or_default() {
@@ -158,12 +172,17 @@ pub async fn reboot_after_job(
             let Some(node) = job.labels().get("upgrade.cattle.io/node").cloned() else {
                 continue;
             };
-            if complete && !rebooted.contains(&node) {
-                node_api
+            let uid = job.uid().unwrap_or_default();
+            if complete && !done_jobs.contains(&uid) {
+                // Not `expect`: a storm may delete the node's test objects meanwhile.
+                if node_api
                     .patch(&node, &PatchParams::default(), &Patch::Merge(&reboot))
                     .await
-                    .expect("rebooting a node");
-                rebooted.insert(node);
+                    .is_ok()
+                {
+                    done_jobs.insert(uid);
+                    rebooted.insert(node);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -127,8 +127,21 @@ pub struct Replica {
     child: Child,
 }
 
+/// The election timings of test replicas: a 3 s lease, renewed within 2 s,
+/// tried every 0.5 s (production's defaults are 15, 10 and 2).
+pub const TEST_ELECTION: [&str; 6] = [
+    "--lease-duration",
+    "3",
+    "--renew-deadline",
+    "2",
+    "--retry-period",
+    "0.5",
+];
+
 pub struct Replicas {
     pub args: Vec<String>,
+    /// The election flags; empty for production's defaults.
+    pub election: Vec<String>,
     /// The kubeconfig of every replica without a link of its own.
     pub kubeconfig: PathBuf,
     /// Replicas with their own token and proxy, by identity.
@@ -182,11 +195,32 @@ impl Replicas {
         logs: &Path,
     ) -> Replicas {
         let mut replicas = Replicas::new(env, kubeconfig, lease_name, otlp_endpoint, extra, extra_env, logs);
-        for i in 0..count {
-            let replica = replicas.spawn(&replica_identity(env, i));
-            replicas.running.push(replica);
-        }
+        replicas.spawn_all(count, env);
         replicas
+    }
+
+    /// As [`Replicas::start`] with production's election timings (no
+    /// election flags): for measuring failover as users will see it.
+    pub fn start_default_election(
+        count: usize,
+        env: &super::TestEnv,
+        kubeconfig: &Path,
+        lease_name: &str,
+        otlp_endpoint: &str,
+        extra: &[&str],
+        logs: &Path,
+    ) -> Replicas {
+        let mut replicas = Replicas::new(env, kubeconfig, lease_name, otlp_endpoint, extra, &[], logs);
+        replicas.election.clear();
+        replicas.spawn_all(count, env);
+        replicas
+    }
+
+    fn spawn_all(&mut self, count: usize, env: &super::TestEnv) {
+        for i in 0..count {
+            let replica = self.spawn(&replica_identity(env, i));
+            self.running.push(replica);
+        }
     }
 
     /// As [`Replicas::start`], each replica with a link of its own
@@ -247,12 +281,6 @@ impl Replicas {
             SYSTEM_NAMESPACE,
             "--lease-name",
             lease_name,
-            "--lease-duration",
-            "3",
-            "--renew-deadline",
-            "2",
-            "--retry-period",
-            "0.5",
             "--node-selector",
             &selector,
             "--object-selector",
@@ -264,6 +292,7 @@ impl Replicas {
                 .into_iter()
                 .chain(extra.iter().map(|s| s.to_string()))
                 .collect(),
+            election: TEST_ELECTION.map(String::from).to_vec(),
             kubeconfig: kubeconfig.to_path_buf(),
             links: BTreeMap::new(),
             envs: vec![
@@ -329,6 +358,7 @@ impl Replicas {
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(&self.args)
+            .args(&self.election)
             .args(["--identity", identity, "--http-addr", &http])
             .args(&webhook)
             .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -359,6 +389,12 @@ impl Replicas {
     pub async fn kill(&mut self, identity: &str) {
         let i = self.position(identity);
         let _ = self.running[i].child.start_kill();
+        let _ = self.running[i].child.wait().await;
+    }
+
+    /// Waits until the replica's process has exited (after a SIGTERM).
+    pub async fn wait_exit(&mut self, identity: &str) {
+        let i = self.position(identity);
         let _ = self.running[i].child.wait().await;
     }
 

@@ -218,6 +218,9 @@ pub fn rack_of(host: &str) -> &str {
 
 /// Every cluster-name label change of the test's hosts: a host that goes
 /// from one cluster to another without being released first is a breach.
+/// Judged on the watch's own events only: a relist (after a 410) shows
+/// where each host is now, not what happened in the gap, so it is not held
+/// against a host.
 pub async fn watch_claims(
     client: Client,
     ns: String,
@@ -226,26 +229,41 @@ pub async fn watch_claims(
     let api: Api<BareMetalHost> = Api::namespaced(client, &ns);
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    // Each host's last few events (resourceVersion, cluster, live), for the breach message.
+    let mut history: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut breaches = Vec::new();
     loop {
         let event = tokio::select! {
             _ = stop.cancelled() => return breaches,
             e = events.next() => e,
         };
-        let host = match event {
-            Some(Ok(watcher::Event::Apply(h) | watcher::Event::InitApply(h))) => h,
+        let (host, live) = match event {
+            Some(Ok(watcher::Event::Apply(h))) => (h, true),
+            Some(Ok(watcher::Event::InitApply(h))) => (h, false),
             Some(_) => continue,
             None => return breaches,
         };
         let name = host.name_any();
-        match host.labels().get(labels::CLUSTER_NAME) {
+        let cluster = host.labels().get(labels::CLUSTER_NAME).cloned();
+        let seen = history.entry(name.clone()).or_default();
+        seen.push(format!(
+            "{} rv {} {cluster:?}{}",
+            k8s_openapi::jiff::Timestamp::now(),
+            host.resource_version().unwrap_or_default(),
+            if live { "" } else { " (relist)" }
+        ));
+        if seen.len() > 6 {
+            seen.remove(0);
+        }
+        match cluster {
             Some(c) => {
                 if let Some(before) = owner.get(&name)
-                    && before != c
+                    && *before != c
+                    && live
                 {
-                    breaches.push(format!("{name} went from {before} to {c}"));
+                    breaches.push(format!("{name} went from {before} to {c}: {seen:?}"));
                 }
-                owner.insert(name, c.clone());
+                owner.insert(name, c);
             }
             None => {
                 owner.remove(&name);
