@@ -99,6 +99,16 @@ bench-failover:
     e2e/controlplane/cluster.sh up >/dev/null
     cargo bench --bench failover 2>/dev/null | grep '^failover:'
 
+# 1 and 20 NodeMaintenances on PDB-guarded nodes, nodewarden vs the Node Maintenance Operator v0.17.0 built from its Go module (benches/drains.rs).
+bench-drains:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export NODEWARDEN_RUN_DIR="{{justfile_directory()}}/.run/test"
+    trap 'e2e/controlplane/cluster.sh down' EXIT
+    e2e/controlplane/cluster.sh up >/dev/null
+    e2e/nmo/build.sh >/dev/null
+    cargo bench --bench drains 2>/dev/null | grep '^drains:'
+
 # End to end on a kind cluster (Docker, kind, kubectl): rollout with a leader kill, traces in Jaeger.
 e2e:
     e2e/kind/run.sh

@@ -980,6 +980,29 @@ impl PlanReconciler {
         Ok(())
     }
 
+    /// Deletes every Job of this plan (by owner UID, so never a recreated
+    /// plan's), finished ones too. They are owned by the plan, but a deleted
+    /// plan does not leave its cleanup to the garbage collector's pace — nor
+    /// to a collector that lost track after an API server restart (seen in
+    /// tests/chaos_storms.rs: a finished Job outlived its plan by minutes).
+    async fn delete_jobs(&self, plan: &Plan) -> Result<()> {
+        let ns = plan.namespace().unwrap_or_default();
+        let Some(uid) = plan.uid() else {
+            return Ok(());
+        };
+        let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let background = background_deletion();
+        for job in self.ctx.jobs.list() {
+            let ours = job.namespace().as_deref() == Some(ns.as_str())
+                && job.owner_references().iter().any(|o| o.uid == uid);
+            if ours {
+                self.ctx.leader.ensure_leader()?;
+                super::delete_if_present(&jobs, &job.name_any(), &background).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Undoes exactly what the plan did on `node`: its NodeMaintenance
     /// (whose undo uncordons only if it cordoned), its cordon record, its
     /// unfinished Jobs.
@@ -999,10 +1022,7 @@ impl PlanReconciler {
         }
         let ns = plan.namespace().unwrap_or_default();
         let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
-        let background = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
-            ..Default::default()
-        };
+        let background = background_deletion();
         for job in self.ctx.jobs.list() {
             let ours = job.namespace().as_deref() == Some(ns.as_str())
                 && job.labels().get(labels::PLAN) == Some(&plan.name_any())
@@ -1195,6 +1215,7 @@ impl PlanReconciler {
             self.ctx.leader.ensure_leader()?;
             self.release(plan, node).await?;
         }
+        self.delete_jobs(plan).await?;
         let finalizers: Vec<String> = plan
             .finalizers()
             .iter()
@@ -1226,6 +1247,14 @@ fn phase_span(phase: &str) -> Option<&'static str> {
         "Releasing" => "uncordon",
         _ => return None,
     })
+}
+
+/// A Job deleted with its pods (the API's default for Jobs keeps them).
+fn background_deletion() -> DeleteParams {
+    DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
+    }
 }
 
 /// drain.timeout as a NodeMaintenance drainTimeout: nanoseconds or a Go duration.
