@@ -3,7 +3,7 @@
 //!
 //! Three `nodewarden run` replicas (each with its own token and proxy) serve
 //! three storms for 45 s, from one seed:
-//! - 30 NodeMaintenances on 12 PDB-guarded nodes, one deleted or created
+//! - 50 NodeMaintenances on 20 PDB-guarded nodes, one deleted or created
 //!   again every 100 ms;
 //! - two Plans over the same 6 PDB-guarded nodes (one drains at concurrency
 //!   2, one cordons at concurrency 1), every 1–3 s one's version bumped, or
@@ -63,8 +63,8 @@ use tokio_util::sync::CancellationToken;
 
 const STORM: Duration = Duration::from_secs(45);
 const SETTLE: Duration = Duration::from_secs(240);
-const MAINTENANCE_NODES: usize = 12;
-const MAINTENANCES: usize = 30;
+const MAINTENANCE_NODES: usize = 20;
+const MAINTENANCES: usize = 50;
 const PLAN_NODES: usize = 6;
 /// (name, concurrency): the first drains, the second only cordons.
 const PLANS: [(&str, usize); 2] = [("os", 2), ("agent", 1)];
@@ -457,7 +457,7 @@ async fn storms_of_maintenances_plans_and_sip_clusters_survive_every_fault() {
     let maintenance_nodes = env
         .create_kwok_nodes(MAINTENANCE_NODES, &[("pool", "maintenance")])
         .await;
-    env.create_deployment("busy", 24, json!({"pool": "maintenance"}))
+    env.create_deployment("busy", 40, json!({"pool": "maintenance"}))
         .await;
     create_pdb(&env, "busy", "busy", 2).await;
     let plan_nodes = env.create_kwok_nodes(PLAN_NODES, &[("pool", "plan")]).await;
