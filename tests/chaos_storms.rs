@@ -651,7 +651,7 @@ async fn storms_of_maintenances_plans_and_sip_clusters_survive_every_fault() {
     assert_eq!(
         rebooted,
         plan_nodes.iter().cloned().collect(),
-        "every plan node rebooted after a Job"
+        "every plan node rebooted by a Job"
     );
     for id in replicas.identities() {
         assert!(replicas.is_running(&id), "{id} exited\n{tail}");

@@ -510,7 +510,7 @@ async fn concurrency_and_the_health_gate_hold_across_eight_nodes() {
     assert_eq!(
         rebooted.len(),
         nodes.len(),
-        "every node rebooted after its Job: {rebooted:?}"
+        "every node rebooted by its Job: {rebooted:?}"
     );
     let seen = breaches.0.lock().expect("breaches").clone();
     assert!(seen.is_empty(), "breaches: {seen:#?}");

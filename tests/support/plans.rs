@@ -147,9 +147,12 @@ pub fn upgrade(image: &str) -> Value {
 #[derive(Default)]
 pub struct Breaches(pub Mutex<Vec<String>>);
 
-/// Plays the upgrade's reboot: after each Job of `plan` completes, its
-/// node goes NotReady for 4 s (kwok Stage on `nodewarden.dev/kwok-reboot`).
-/// Returns the nodes it rebooted.
+/// Plays the upgrade's reboot: each Job of `plan` reboots its node — NotReady
+/// for 4 s (kwok Stage on `nodewarden.dev/kwok-reboot`) — once its pod runs
+/// (or it has completed), as an upgrade reboots the node before its Job is
+/// done. Rebooting only after completion raced the plan's health gate: under
+/// load kwok could turn the node NotReady after the plan had seen it Ready
+/// and settled. Returns the nodes it rebooted.
 pub async fn reboot_after_job(
     client: Client,
     ns: String,
@@ -169,11 +172,12 @@ pub async fn reboot_after_job(
                 .iter()
                 .flat_map(|s| s.conditions.iter().flatten())
                 .any(|c| c.type_ == "Complete" && c.status == "True");
+            let running = job.status.as_ref().and_then(|s| s.active).unwrap_or(0) > 0;
             let Some(node) = job.labels().get("upgrade.cattle.io/node").cloned() else {
                 continue;
             };
             let uid = job.uid().unwrap_or_default();
-            if complete && !done_jobs.contains(&uid) {
+            if (running || complete) && !done_jobs.contains(&uid) {
                 // Not `expect`: a storm may delete the node's test objects meanwhile.
                 if node_api
                     .patch(&node, &PatchParams::default(), &Patch::Merge(&reboot))
