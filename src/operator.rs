@@ -150,15 +150,74 @@ pub async fn run(
     Ok(())
 }
 
-/// Whether metal3's BareMetalHost API answers (the SIPCluster controller
-/// needs it). Checked once at start: installing it later takes a restart.
+/// Whether metal3's BareMetalHost API is installed (the SIPCluster
+/// controller needs it). Checked at start: installing it later takes a
+/// restart. An API server that does not answer yet (a replica started while
+/// it restarts) is asked again, with a growing pause up to 10 s: only a
+/// definite answer may turn the controller off for the process's lifetime.
 pub async fn bare_metal_api_installed(client: &Client) -> bool {
     let api: kube::Api<crate::api::metal3::BareMetalHost> = kube::Api::all(client.clone());
-    match api.list(&kube::api::ListParams::default().limit(1)).await {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::info!(error = %e, "metal3's BareMetalHost API does not answer: the SIPCluster controller is off (restart nodewarden once it is installed)");
-            false
+    let mut pause = std::time::Duration::from_millis(500);
+    loop {
+        let result = api.list(&kube::api::ListParams::default().limit(1)).await;
+        match bare_metal_verdict(&result) {
+            Some(installed) => {
+                if let Err(e) = &result {
+                    tracing::info!(error = %e, "metal3's BareMetalHost API is not installed: the SIPCluster controller is off (restart nodewarden once it is installed)");
+                }
+                return installed;
+            }
+            None => {
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, retry_in = ?pause, "could not ask whether metal3's BareMetalHost API is installed; asking again");
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// What a list of BareMetalHosts says about the API: installed, not
+/// installed (404: no such resource; 403: not ours to read), or None when
+/// the API server gave no answer about it (no connection, 5xx, throttled).
+fn bare_metal_verdict<T>(result: &std::result::Result<T, kube::Error>) -> Option<bool> {
+    match result {
+        Ok(_) => Some(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => Some(false),
+        Err(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod bare_metal_tests {
+    use super::bare_metal_verdict;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("answer", "Reason")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    /// Only a definite answer decides; no answer is asked again.
+    #[test]
+    fn only_a_definite_answer_turns_the_sip_controller_off() {
+        let cases: [(&str, Result<(), kube::Error>, Option<bool>); 6] = [
+            ("listed", Ok(()), Some(true)),
+            ("no such resource", Err(api_error(404)), Some(false)),
+            ("forbidden", Err(api_error(403)), Some(false)),
+            ("API server failing", Err(api_error(503)), None),
+            ("throttled", Err(api_error(429)), None),
+            (
+                "no connection",
+                Err(kube::Error::Service("connection refused".into())),
+                None,
+            ),
+        ];
+        for (what, result, want) in cases {
+            assert_eq!(bare_metal_verdict(&result), want, "{what}");
         }
     }
 }
