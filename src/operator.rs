@@ -158,9 +158,10 @@ pub async fn run(
 pub async fn bare_metal_api_installed(client: &Client) -> bool {
     let api: kube::Api<crate::api::metal3::BareMetalHost> = kube::Api::all(client.clone());
     let mut pause = std::time::Duration::from_millis(500);
+    let started = std::time::Instant::now();
     loop {
         let result = api.list(&kube::api::ListParams::default().limit(1)).await;
-        match bare_metal_verdict(&result) {
+        match bare_metal_verdict(&result, started.elapsed()) {
             Some(installed) => {
                 if let Err(e) = &result {
                     tracing::info!(error = %e, "metal3's BareMetalHost API is not installed: the SIPCluster controller is off (restart nodewarden once it is installed)");
@@ -178,19 +179,31 @@ pub async fn bare_metal_api_installed(client: &Client) -> bool {
     }
 }
 
-/// What a list of BareMetalHosts says about the API: installed, not
-/// installed (404: no such resource; 403: not ours to read), or None when
-/// the API server gave no answer about it (no connection, 5xx, throttled).
-fn bare_metal_verdict<T>(result: &std::result::Result<T, kube::Error>) -> Option<bool> {
+/// How long a 403 is taken for the API server still loading its RBAC
+/// (right after it restarts it refuses what it will allow moments later).
+const FORBIDDEN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What a list of BareMetalHosts says about the API, `asked_for` after the
+/// first try: installed, not installed (404: no such resource; 403 for
+/// longer than [`FORBIDDEN_GRACE`]: not ours to read), or None when the API
+/// server gave no answer about it yet (no connection, 5xx, throttled, a
+/// fresh 403).
+fn bare_metal_verdict<T>(
+    result: &std::result::Result<T, kube::Error>,
+    asked_for: std::time::Duration,
+) -> Option<bool> {
     match result {
         Ok(_) => Some(true),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => Some(false),
+        Err(kube::Error::Api(s)) if s.code == 404 => Some(false),
+        Err(kube::Error::Api(s)) if s.code == 403 && asked_for >= FORBIDDEN_GRACE => Some(false),
         Err(_) => None,
     }
 }
 
 #[cfg(test)]
 mod bare_metal_tests {
+    use std::time::Duration;
+
     use super::bare_metal_verdict;
 
     fn api_error(code: u16) -> kube::Error {
@@ -204,20 +217,26 @@ mod bare_metal_tests {
     /// Only a definite answer decides; no answer is asked again.
     #[test]
     fn only_a_definite_answer_turns_the_sip_controller_off() {
-        let cases: [(&str, Result<(), kube::Error>, Option<bool>); 6] = [
-            ("listed", Ok(()), Some(true)),
-            ("no such resource", Err(api_error(404)), Some(false)),
-            ("forbidden", Err(api_error(403)), Some(false)),
-            ("API server failing", Err(api_error(503)), None),
-            ("throttled", Err(api_error(429)), None),
+        let (fresh, later) = (Duration::ZERO, Duration::from_secs(31));
+        // (what, the list's result, how long it has been asked, verdict)
+        type Case = (&'static str, Result<(), kube::Error>, Duration, Option<bool>);
+        let cases: [Case; 7] = [
+            ("listed", Ok(()), fresh, Some(true)),
+            ("no such resource", Err(api_error(404)), fresh, Some(false)),
+            // A restarted API server refuses until its RBAC is loaded.
+            ("forbidden at first", Err(api_error(403)), fresh, None),
+            ("forbidden for 31 s", Err(api_error(403)), later, Some(false)),
+            ("API server failing", Err(api_error(503)), later, None),
+            ("throttled", Err(api_error(429)), later, None),
             (
                 "no connection",
                 Err(kube::Error::Service("connection refused".into())),
+                later,
                 None,
             ),
         ];
-        for (what, result, want) in cases {
-            assert_eq!(bare_metal_verdict(&result), want, "{what}");
+        for (what, result, asked_for, want) in cases {
+            assert_eq!(bare_metal_verdict(&result, asked_for), want, "{what}");
         }
     }
 }
