@@ -109,6 +109,16 @@ bench-drains:
     e2e/nmo/build.sh >/dev/null
     cargo bench --bench drains 2>/dev/null | grep '^drains:'
 
+# Thousands of kwok nodes watched by nodewarden and the Node Maintenance Operator v0.17.0 at once: time to serve, RSS, CPU, queue waits under churn (benches/scale.rs; a control plane of its own; table, JSON and SVG chart in .run/bench-scale/).
+bench-scale:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export NODEWARDEN_RUN_DIR="{{justfile_directory()}}/.run/scale"
+    trap 'e2e/controlplane/cluster.sh down' EXIT
+    e2e/controlplane/cluster.sh up >/dev/null
+    e2e/nmo/build.sh >/dev/null
+    cargo bench --bench scale 2>/dev/null | grep '^scale:'
+
 # End to end on a kind cluster (Docker, kind, kubectl): rollout with a leader kill, traces in Jaeger.
 e2e:
     e2e/kind/run.sh

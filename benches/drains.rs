@@ -17,18 +17,16 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
-use nodewarden::api::node_maintenance::medik8s::NodeMaintenance;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::json;
+use support::nmo::{Nmo, maintenances, release_peer_finalizers};
 use support::plans::create_pdb;
 use support::replicas::*;
-use support::{Probe, RUN_LABEL, TestEnv, control_plane, seen, wait_for};
+use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
 
 const SPARE_NODES: usize = 5;
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -38,11 +36,6 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 enum Operator {
     Nodewarden,
     Nmo,
-}
-
-/// NodeMaintenances read untyped: the peer writes status fields of its own.
-fn maintenances(env: &TestEnv) -> Api<DynamicObject> {
-    Api::all_with(env.client.clone(), &ApiResource::erase::<NodeMaintenance>(&()))
 }
 
 /// Creates a NodeMaintenance on each of `nodes` at once and waits until all
@@ -132,82 +125,6 @@ async fn reset(env: &TestEnv, nodes: &[String]) {
     .await;
 }
 
-/// A self-signed certificate where the peer's webhook server looks by
-/// default (`$TMPDIR/k8s-webhook-server/serving-certs`): it must start, and
-/// no webhook configuration points at it.
-fn webhook_certs(tmp: &Path) {
-    let dir = tmp.join("k8s-webhook-server/serving-certs");
-    std::fs::create_dir_all(&dir).expect("a cert dir");
-    let status = std::process::Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=nmo",
-        ])
-        .arg("-keyout")
-        .arg(dir.join("tls.key"))
-        .arg("-out")
-        .arg(dir.join("tls.crt"))
-        .stderr(Stdio::null())
-        .status()
-        .expect("running openssl");
-    assert!(status.success(), "openssl made no certificate");
-}
-
-/// The peer's manager, built (or found) in the cache.
-fn start_nmo(dir: &Path) -> tokio::process::Child {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new(repo.join("e2e/nmo/build.sh"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running e2e/nmo/build.sh");
-    assert!(out.status.success(), "e2e/nmo/build.sh failed");
-    let bin_dir = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .to_string();
-    let tmp = dir.join("nmo-tmp");
-    webhook_certs(&tmp);
-    let log = std::fs::File::create(dir.join("nmo.log")).expect("a log file");
-    let free = support::admission::free_port;
-    tokio::process::Command::new(PathBuf::from(bin_dir).join("nmo-manager"))
-        .arg("--kubeconfig")
-        .arg(&control_plane().kubeconfig)
-        .args(["--health-probe-bind-address", &format!("127.0.0.1:{}", free())])
-        .args(["--zap-devel=false", "--zap-log-level", "info"])
-        .env("TMPDIR", &tmp)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting the Node Maintenance Operator")
-}
-
-/// The peer serves every NodeMaintenance of the cluster, not only ours:
-/// once it is stopped, its finalizer must not hold any it touched.
-async fn release_peer_finalizers(env: &TestEnv) {
-    const PEER_FINALIZER: &str = "foregroundDeleteNodeMaintenance";
-    let api = maintenances(env);
-    let Ok(list) = api.list(&ListParams::default()).await else {
-        return;
-    };
-    for m in list.items {
-        let finalizers = m.metadata.finalizers.clone().unwrap_or_default();
-        if finalizers.iter().any(|f| f == PEER_FINALIZER) {
-            let kept: Vec<&String> = finalizers.iter().filter(|f| *f != PEER_FINALIZER).collect();
-            let patch =
-                json!({"metadata": {"finalizers": kept, "resourceVersion": m.metadata.resource_version}});
-            let name = m.metadata.name.clone().unwrap_or_default();
-            let _ = api
-                .patch(
-                    &name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await;
-        }
-    }
-}
-
 /// One drain, then `many` at once; both times.
 async fn rounds(env: &TestEnv, operator: Operator, nodes: &[String], many: usize) -> (Duration, Duration) {
     let one = drain(env, &format!("{operator:?}-one").to_lowercase(), &nodes[..1]).await;
@@ -257,7 +174,7 @@ async fn run(many: usize) {
     drop(replicas);
     let _ = leases.delete(&lease_name, &DeleteParams::default()).await;
 
-    let nmo = start_nmo(&dir);
+    let nmo = Nmo::start(&dir);
     let theirs = rounds(&env, Operator::Nmo, &nodes, many).await;
     drop(nmo);
     release_peer_finalizers(&env).await;

@@ -733,7 +733,9 @@ fn drain_taints(node: &Node) -> Vec<k8s_openapi::api::core::v1::Taint> {
         .and_then(|s| s.taints.clone())
         .unwrap_or_default()
         .into_iter()
-        .filter(|t| t.key != "node.kubernetes.io/unschedulable")
+        // node.kubernetes.io/* are the node lifecycle controller's (a new
+        // kwok node is not-ready until kwok reports it, slower under load).
+        .filter(|t| !t.key.starts_with("node.kubernetes.io/"))
         .collect()
 }
 

@@ -5,7 +5,8 @@
 //! `spec.nodeName=<node>` — all pods of the cluster are never cached), evicts
 //! every pod that must go through the Eviction API (so PodDisruptionBudgets are
 //! honoured, and each pod keeps its own grace period), retries refused
-//! evictions with backoff and names the budget that refused them, and ends
+//! evictions when the budget that refused them allows a disruption again
+//! (or after a backoff), names that budget, and ends
 //! when the pods are gone — or when its timeout passes: then it fails with the
 //! blockers named, or deletes the remaining pods, as the caller chose.
 //!
@@ -18,12 +19,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams};
+use kube::api::{Api, DeleteParams, EvictParams};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use super::budgets::{BudgetWatch, Freed};
 use super::pods::{PodClass, classify, covering_budgets, reference};
 use crate::api::node_maintenance::{DrainBlocker, DrainTimeoutPolicy, PodReference};
 use crate::runtime::backoff::{Backoff, BackoffConfig};
@@ -148,6 +149,8 @@ pub struct DrainEngine {
     client: Client,
     leader: LeaderHandle,
     drains: Arc<Mutex<HashMap<String, Drain>>>,
+    /// Watched from the first drain until this replica stops leading.
+    budgets: Arc<Mutex<Option<Arc<BudgetWatch>>>>,
 }
 
 impl DrainEngine {
@@ -157,6 +160,7 @@ impl DrainEngine {
             client,
             leader,
             drains: Arc::default(),
+            budgets: Arc::default(),
         }
     }
 
@@ -181,7 +185,13 @@ impl DrainEngine {
             pod_events: Vec::new(),
         }));
         let cancel = CancellationToken::new();
+        let budgets = lock(&self.budgets)
+            .get_or_insert_with(|| Arc::new(BudgetWatch::start(self.client.clone())))
+            .clone();
+        // Subscribed before the first eviction, so no freeing is missed.
+        let freed = budgets.subscribe();
         let run = DrainRun {
+            budgets,
             client: self.client.clone(),
             leader: self.leader.clone(),
             node: node.to_string(),
@@ -191,7 +201,7 @@ impl DrainEngine {
             cancel: cancel.clone(),
         };
         tracing::info!(node, owner, "drain started");
-        let task = tokio::spawn(run.run());
+        let task = tokio::spawn(run.run(freed));
         let snapshot = lock(&status).clone();
         drains.insert(node.to_string(), Drain { status, cancel, task });
         snapshot
@@ -231,11 +241,13 @@ impl DrainEngine {
         for (_, d) in lock(&self.drains).drain() {
             d.cancel.cancel();
         }
+        lock(&self.budgets).take();
     }
 }
 
 struct DrainRun {
     client: Client,
+    budgets: Arc<BudgetWatch>,
     leader: LeaderHandle,
     node: String,
     options: DrainOptions,
@@ -300,7 +312,7 @@ enum Step {
 }
 
 impl DrainRun {
-    async fn run(self) {
+    async fn run(self, mut freed: Freed) {
         let Some(watch) = self.watch_pods().await else {
             return;
         };
@@ -313,16 +325,31 @@ impl DrainRun {
                 Step::Wait(wait) => wait,
             };
             first = false;
+            let blocking = self.blocking_budgets();
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
                 _ = watch.changed.notified() => {}
+                _ = freed.any_of(&blocking) => {}
                 _ = tokio::time::sleep(wait) => {}
             }
         }
     }
 
+    /// The budgets that refused the last round's evictions (`namespace/name`).
+    fn blocking_budgets(&self) -> BTreeSet<String> {
+        lock(&self.status)
+            .progress
+            .blocked
+            .iter()
+            .flat_map(|b| b.pdb.split(','))
+            .filter(|k| !k.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
     /// Watches the pods of the node only (never all of the cluster's) and
-    /// waits for the first list; None if the drain is cancelled first.
+    /// waits for the first list, and for the budgets'; None if the drain is
+    /// cancelled first.
     async fn watch_pods(&self) -> Option<PodWatch> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let config = ReflectorConfig {
@@ -339,7 +366,7 @@ impl DrainRun {
         tokio::spawn(reflector.run(watch_stop));
         tokio::select! {
             _ = self.cancel.cancelled() => return None,
-            _ = store.wait_synced() => {}
+            _ = async { tokio::join!(store.wait_synced(), self.budgets.store().wait_synced()) } => {}
         }
         Some(PodWatch {
             store,
@@ -409,7 +436,7 @@ impl DrainRun {
         } else {
             self.evict(&to_act).await
         };
-        let blocked = self.name_budgets(&round.blocked).await;
+        let blocked = self.name_budgets(&round.blocked);
         let refs: Vec<PodReference> = pending.iter().map(|p| reference(p)).collect();
         let trouble = !blocked.is_empty() || !round.errors.is_empty();
         let last_error = round_error(&round.errors, &blocked);
@@ -525,33 +552,16 @@ impl DrainRun {
         round
     }
 
-    /// Which budget refused each blocked pod (one list per namespace).
-    async fn name_budgets(&self, blocked: &[Arc<Pod>]) -> Vec<DrainBlocker> {
-        let namespaces: BTreeSet<String> = blocked
-            .iter()
-            .filter_map(|p| p.metadata.namespace.clone())
-            .collect();
-        let mut budgets: Vec<PodDisruptionBudget> = Vec::new();
-        for ns in namespaces {
-            let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &ns);
-            match api.list(&ListParams::default()).await {
-                Ok(list) => budgets.extend(list.items),
-                Err(e) => tracing::debug!(namespace = %ns, error = %e, "listing PodDisruptionBudgets"),
-            }
-        }
+    /// Which budget refused each blocked pod, from the watched budgets.
+    fn name_budgets(&self, blocked: &[Arc<Pod>]) -> Vec<DrainBlocker> {
+        let budgets = self.budgets.store().list();
         blocked
             .iter()
             .map(|pod| {
                 let r = reference(pod);
                 let pdb = covering_budgets(pod, &budgets)
-                    .iter()
-                    .map(|b| {
-                        format!(
-                            "{}/{}",
-                            r.namespace,
-                            b.metadata.name.as_deref().unwrap_or_default()
-                        )
-                    })
+                    .into_iter()
+                    .map(super::budgets::key)
                     .collect::<Vec<_>>()
                     .join(",");
                 DrainBlocker {

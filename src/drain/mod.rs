@@ -1,9 +1,11 @@
 //! Taking nodes out of service: quarantine (cordon, taints, labels) with exact
 //! undo ([`node`]), which pods a drain evicts and which PodDisruptionBudgets
 //! cover them ([`pods`]), and the drain engine that evicts them through the
-//! Eviction API ([`engine`]). The NodeMaintenance controller is its one user;
+//! Eviction API ([`engine`]), woken when a refusing budget frees up
+//! ([`budgets`]). The NodeMaintenance controller is its one user;
 //! a node replacement drains its old node through a NodeMaintenance.
 
+pub mod budgets;
 pub mod engine;
 pub mod node;
 pub mod pods;

@@ -1,5 +1,7 @@
 //! Which pods a drain evicts (pure).
 
+use std::borrow::Borrow;
+
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -97,9 +99,13 @@ pub fn selector_matches(
 }
 
 /// The PodDisruptionBudgets (of the pod's namespace) that cover `pod`.
-pub fn covering_budgets<'a>(pod: &Pod, budgets: &'a [PodDisruptionBudget]) -> Vec<&'a PodDisruptionBudget> {
+pub fn covering_budgets<'a, B: Borrow<PodDisruptionBudget>>(
+    pod: &Pod,
+    budgets: &'a [B],
+) -> Vec<&'a PodDisruptionBudget> {
     budgets
         .iter()
+        .map(Borrow::<PodDisruptionBudget>::borrow)
         .filter(|b| b.metadata.namespace == pod.metadata.namespace)
         .filter(|b| {
             b.spec

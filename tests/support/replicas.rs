@@ -398,6 +398,11 @@ impl Replicas {
         let _ = self.running[i].child.wait().await;
     }
 
+    /// The replica's process id (None once it exited).
+    pub fn pid(&self, identity: &str) -> Option<u32> {
+        self.running[self.position(identity)].child.id()
+    }
+
     /// Whether the replica's process is still alive.
     pub fn is_running(&mut self, identity: &str) -> bool {
         let i = self.position(identity);
