@@ -575,10 +575,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    runtime.block_on(run(points, phases));
+    let command = if full {
+        "cargo bench --bench scale"
+    } else {
+        "cargo test --bench scale"
+    };
+    runtime.block_on(run(points, phases, command));
 }
 
-async fn run(points: Vec<Point>, phases: Phases) {
+async fn run(points: Vec<Point>, phases: Phases, command: &str) {
     let env = TestEnv::new("scale").await;
     support::install_crds(&env.client).await;
     let dir = replica_log_dir(&env.id);
@@ -625,7 +630,7 @@ async fn run(points: Vec<Point>, phases: Phases) {
     std::fs::create_dir_all(&out).expect("an output directory");
     let table: Vec<Value> = rows.iter().map(|(p, a, b, c)| row(p, a, b, c)).collect();
     let report = json!({
-        "command": "cargo bench --bench scale",
+        "command": command,
         "steady_seconds": phases.steady.as_secs(),
         "churn_seconds": phases.churn.as_secs(),
         "points": table,
