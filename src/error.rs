@@ -105,6 +105,19 @@ fn kube_message(e: &kube::Error) -> String {
     }
 }
 
+/// A write the fence refused or abandoned (`runtime::fence`): this replica
+/// does not lead, whatever the reconcile was about.
+fn fenced(e: &kube::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<crate::runtime::fence::FenceError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
 impl Error {
     /// The error's category (a 409 is a Conflict and a 404 NotFound, whichever
     /// variant carries it).
@@ -112,6 +125,7 @@ impl Error {
         match self {
             Error::Kube(kube::Error::Api(status)) if status.code == 409 => Category::Conflict,
             Error::Kube(kube::Error::Api(status)) if status.code == 404 => Category::NotFound,
+            Error::Kube(e) if fenced(e) => Category::NotLeader,
             Error::Kube(_) => Category::KubeApi,
             Error::NotFound { .. } => Category::NotFound,
             Error::InvalidObject { .. } => Category::InvalidObject,
@@ -163,5 +177,18 @@ mod tests {
             "kubernetes API: 404 NotFound: nodes \"n1\" not found"
         );
         assert_eq!(e.category(), Category::NotFound);
+    }
+
+    #[test]
+    fn a_write_the_fence_stopped_is_not_leader() {
+        use crate::runtime::fence::FenceError;
+        let refused = FenceError::Lapsed {
+            method: http::Method::POST,
+            path: "/api/v1/namespaces/a/pods/p/eviction".into(),
+        };
+        let e = Error::Kube(kube::Error::Service(Box::new(refused)));
+        assert_eq!(e.category(), Category::NotLeader);
+        let other = Error::Kube(kube::Error::Service("connection reset".into()));
+        assert_eq!(other.category(), Category::KubeApi);
     }
 }

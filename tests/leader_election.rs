@@ -596,3 +596,76 @@ async fn severed_leader_stops_before_its_lease_expires() {
 async fn stalled_leader_stops_before_its_lease_expires() {
     cut_off_leader(Cut::Stall).await;
 }
+
+/// The controllers' client writes only within the replica's term: refused
+/// before it leads, and a write stuck on a stalled connection is abandoned
+/// when leadership lapses — the API server never sees it, however late the
+/// connection comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_client_writes_only_within_the_lease_term() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::PostParams;
+    use nodewarden::runtime::error::Category;
+    use nodewarden::runtime::fence::fenced;
+
+    init_logging();
+    let env = TestEnv::new("leader-fence").await;
+    let t = Timings::secs(3.0, 2.0, 0.5);
+    let cp = support::control_plane();
+    let proxy = TcpProxy::start(cp.apiserver_addr()).await;
+    let through_proxy = cp.client_via(&proxy).await;
+    let elector = LeaderElector::new(through_proxy.clone(), config(&env.namespace, "fenced", t))
+        .expect("a valid config");
+    let handle = elector.handle();
+    let writes = Api::<ConfigMap>::namespaced(fenced(through_proxy, handle.clone()), &env.namespace);
+    let admin = Api::<ConfigMap>::namespaced(cp.client().await, &env.namespace);
+    let config_map = |name: &str| -> ConfigMap {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("a ConfigMap")
+    };
+    let category = |e: kube::Error| nodewarden::error::Error::from(e).category();
+
+    let refused = writes.create(&PostParams::default(), &config_map("before")).await;
+    assert_eq!(
+        refused.map(drop).map_err(category),
+        Err(Category::NotLeader),
+        "a write before leading is refused"
+    );
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(elector.run(shutdown.clone()));
+    wait_until_leading(&handle, Duration::from_secs(10)).await;
+    writes
+        .create(&PostParams::default(), &config_map("leading"))
+        .await
+        .expect("a write while leading");
+    assert!(
+        writes.get("leading").await.is_ok(),
+        "reads pass the fence whoever leads"
+    );
+
+    proxy.stall();
+    let started = Instant::now();
+    let stuck = writes
+        .create(&PostParams::default(), &config_map("stalled"))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(
+        stuck.map(drop).map_err(category),
+        Err(Category::NotLeader),
+        "a write stuck past the renew deadline is abandoned"
+    );
+    assert!(
+        took <= t.renew + SLACK,
+        "abandoned after {took:?}, later than the renew deadline {:?}",
+        t.renew
+    );
+    proxy.restore();
+    tokio::time::sleep(t.lease).await;
+    assert!(
+        admin.get_opt("stalled").await.expect("reading").is_none(),
+        "the abandoned write never reached the API server"
+    );
+    assert!(admin.get_opt("before").await.expect("reading").is_none());
+    shutdown.cancel();
+    let _ = task.await;
+    env.cleanup().await;
+}

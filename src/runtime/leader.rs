@@ -164,6 +164,12 @@ impl LeaderHandle {
         lock(&self.shared.valid_until).is_some_and(|until| Instant::now() < until)
     }
 
+    /// While [`Self::is_leader`]: the moment leadership lapses unless a
+    /// renewal succeeds first (a fence for writes: `runtime::fence`).
+    pub fn valid_until(&self) -> Option<Instant> {
+        lock(&self.shared.valid_until).filter(|until| Instant::now() < *until)
+    }
+
     /// [`NotLeader`] unless [`Self::is_leader`], for use with `?`.
     pub fn ensure_leader(&self) -> Result<(), NotLeader> {
         if self.is_leader() { Ok(()) } else { Err(NotLeader) }

@@ -148,7 +148,9 @@ impl Manager {
     ) -> Self {
         let leader = elector.handle();
         Manager {
-            client,
+            // Controllers write only within this replica's lease term; the
+            // elector keeps the unfenced client for the Lease itself.
+            client: super::fence::fenced(client, leader.clone()),
             elector,
             leader,
             config,
@@ -223,8 +225,17 @@ impl Manager {
             ..self.reflector_config.clone()
         };
         let name = K::plural(&()).into_owned();
+        let selector = [
+            ("labels", &config.label_selector),
+            ("fields", &config.field_selector),
+        ]
+        .into_iter()
+        .filter_map(|(kind, s)| s.as_ref().map(|s| format!("{kind}:{s}")))
+        .collect::<Vec<_>>()
+        .join(" ");
         let api = Api::<K>::all(self.client.clone());
         let reflector = Reflector::new(&name, api, config);
+        self.metrics.reflector(&name, &selector, reflector.stats());
         match self
             .transforms
             .get(&TypeId::of::<K>())

@@ -6,6 +6,7 @@
 pub mod backoff;
 pub mod controller;
 pub mod error;
+pub mod fence;
 pub mod leader;
 pub mod lease;
 pub mod manager;
