@@ -9,13 +9,14 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use nodewarden::api::update::PendingNode;
+use nodewarden::telemetry::timeline;
 use support::jaeger::{Jaeger, JaegerTrace};
 use support::replicas::*;
 use support::rollout::*;
@@ -233,6 +234,41 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
         .map(|t| t.trace_id.as_str())
         .collect();
     assert_eq!(rollout_ids.len(), 1, "one rollout trace");
+
+    // The timeline page from the same answers: a row per replaced node and
+    // the leader kills visible as changes of the replica sending spans.
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64;
+    let mut answers = Vec::new();
+    for operation in ["replace node", "rollout"] {
+        let uri = format!(
+            "{}{}",
+            jaeger.query,
+            timeline::traces_query("nodewarden", operation, 0, now, 10_000)
+        );
+        let body = support::jaeger::http_get(&uri).await.expect("Jaeger's answer");
+        answers.extend(timeline::parse_traces(&body).expect("traces in Jaeger's answer"));
+    }
+    let drawn = timeline::build(&answers, &timeline::Options::default());
+    let rows: BTreeSet<String> = drawn.rows.iter().map(|r| r.node.clone()).collect();
+    assert_eq!(
+        (drawn.rows.len(), &rows),
+        (initial.len(), &initial),
+        "a timeline row per replaced node"
+    );
+    assert!(
+        !drawn.leader_changes.is_empty(),
+        "the timeline marks a leader change: {:?}",
+        drawn.leader_changes
+    );
+    let changes: Vec<String> = drawn
+        .leader_changes
+        .iter()
+        .map(|c| format!("{} → {}", c.from, c.to))
+        .collect();
+    println!("timeline: {} rows, leader changes {changes:?}", drawn.rows.len());
     let mut crossed = Vec::new();
     for (node, found) in &per_node {
         assert_eq!(found.len(), 1, "{node} has {} replacement traces", found.len());

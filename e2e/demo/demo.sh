@@ -399,6 +399,14 @@ demo() {
     echo "$leader $port" >"$run/metrics-leader"
   fi
   python3 "$here/view.py" summary --wait-traces
+  # The same traces as a picture: one HTML page, no network needed to view it.
+  local timeline_page=$run/rollout-timeline.html timeline_note
+  if "$nodewarden" timeline --jaeger "$jaeger_query" --max-surge "$SURGE" --out "$timeline_page"; then
+    timeline_note="The rollout as a timeline (a row per node with its phases, the leader change, the budget in use):
+  xdg-open $timeline_page   (or open that file in any browser)"
+  else
+    timeline_note="(the timeline page could not be made from Jaeger's traces; see above)"
+  fi
   finished=1
   stop_demo_processes
   echo "Wall time of this demo: $((SECONDS - t0)) s (setup included)."
@@ -409,6 +417,7 @@ the workload) and Jaeger keep running for exploring:
   NODEWARDEN_RUN_DIR=$NODEWARDEN_RUN_DIR just kubectl get nodes,nodeversions,scalinggroups
   # or: export KUBECONFIG=$NODEWARDEN_RUN_DIR/kubeconfig; $kubectl get nodes
   curl -s '$jaeger_query/api/traces?service=nodewarden&operation=replace%20node&limit=100'
+$timeline_note
 Logs of this run: $run/  (demo-0..2.log are the replicas', JSON lines)
 Stop it all with: just demo-down
 EOF

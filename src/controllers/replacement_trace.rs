@@ -236,7 +236,11 @@ pub async fn trace_rollout_end(
         SpanRecord::new(trace::ROLLOUT, started, now)
             .attr("nodewarden.nodeversion", nv.name_any())
             .attr("nodewarden.image.new", nv.spec.image.clone())
-            .attr("nodewarden.nodes", nodes as i64),
+            .attr("nodewarden.nodes", nodes as i64)
+            .attr(
+                "nodewarden.max_surge",
+                i64::try_from(nv.spec.rollout_limits(nodes).max_surge).unwrap_or(i64::MAX),
+            ),
     );
     trace::flush(TRACE_FLUSH_TIMEOUT).await;
     (started, now)
