@@ -122,3 +122,13 @@ bench-scale:
 # End to end on a kind cluster (Docker, kind, kubectl): rollout with a leader kill, traces in Jaeger.
 e2e:
     e2e/kind/run.sh
+
+# 30 sim-cloud nodes rolled at maxSurge 1, 3 and 10, each timed against the ideal the simulated boot and join delays allow (benches/rollout.rs).
+bench-rollout:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export NODEWARDEN_RUN_DIR="{{justfile_directory()}}/.run/test"
+    trap 'e2e/controlplane/cluster.sh down' EXIT
+    e2e/controlplane/cluster.sh up >/dev/null
+    e2e/jaeger/build.sh >/dev/null
+    cargo bench --bench rollout 2>/dev/null | grep '^rollout:'

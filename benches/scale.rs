@@ -84,6 +84,24 @@ struct Churn {
     cpu_s_per_min: f64,
 }
 
+/// kube-apiserver restarted (SIGKILL, etcd kept) under nodewarden.
+#[derive(Clone, Debug, Default)]
+struct Restart {
+    /// From the kill until the API server answered again (cluster.sh).
+    down_s: f64,
+    /// From the API server answering until every reflector had a watch open again.
+    rewatched_s: f64,
+    /// From the API server answering until a NodeMaintenance created then had Succeeded.
+    served_s: f64,
+    /// Reflectors that listed again (a relist), by resource.
+    relisted: Vec<String>,
+    /// 410 answers the reflectors got meanwhile.
+    expired: u64,
+    reflectors: usize,
+    peak_rss_mb: f64,
+    peer_peak_rss_mb: f64,
+}
+
 /// `/proc/<pid>/status` field in kB, as MB.
 fn status_mb(pid: u32, field: &str) -> f64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -339,6 +357,103 @@ async fn churn(env: &TestEnv, names: &[String], period: Duration, per_second: u3
     done.load(Ordering::Relaxed)
 }
 
+/// One `nodewarden_reflector_<family>_total` counter per reflector (`resource selector`).
+fn reflector_counters(metrics: &str, family: &str) -> BTreeMap<String, u64> {
+    let prefix = format!("nodewarden_reflector_{family}_total{{");
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let (labels, value) = line.strip_prefix(&prefix)?.split_once("} ")?;
+            Some((labels.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The resource a reflector's label text names.
+fn resource_of(labels: &str) -> String {
+    labels
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("resource=\""))
+        .map_or(labels, |v| v.trim_end_matches('"'))
+        .to_string()
+}
+
+/// Restarts kube-apiserver under both processes; nodewarden's reflectors
+/// tell when they watch again and whether they listed again.
+async fn restart_apiserver(
+    env: &TestEnv,
+    addr: &str,
+    ours_pid: u32,
+    theirs_pid: u32,
+    idle: &str,
+    n: usize,
+) -> Restart {
+    let before = scrape(addr).await;
+    let (watches, lists, expired) = (
+        reflector_counters(&before, "watches"),
+        reflector_counters(&before, "lists"),
+        reflector_counters(&before, "expired"),
+    );
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        tokio::spawn(async move {
+            let (mut ours, mut theirs) = (0f64, 0f64);
+            while sampling.load(Ordering::Relaxed) {
+                ours = ours.max(status_mb(ours_pid, "VmRSS:"));
+                theirs = theirs.max(status_mb(theirs_pid, "VmRSS:"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (ours, theirs)
+        })
+    };
+    let killed = Instant::now();
+    tokio::task::spawn_blocking(|| support::control_plane().restart_apiserver())
+        .await
+        .expect("restarting kube-apiserver");
+    let up = Instant::now();
+    let name = env.name(&format!("after-restart-{n}"));
+    let marker = maintenance(env, &name, idle, true);
+    let served = serve_time(env, &marker, up);
+    let rewatched = async {
+        wait_for("every reflector watching again", SERVE_TIMEOUT, || async {
+            let now = reflector_counters(&scrape(addr).await, "watches");
+            let behind: Vec<&String> = watches
+                .iter()
+                .filter(|(k, v)| now.get(*k).is_none_or(|w| w <= v))
+                .map(|(k, _)| k)
+                .collect();
+            if behind.is_empty() {
+                Probe::Done(up.elapsed().as_secs_f64())
+            } else {
+                Probe::NotYet(format!("not watching again: {behind:?}"))
+            }
+        })
+        .await
+    };
+    let (served_s, rewatched_s) = tokio::join!(served, rewatched);
+    end_maintenance(env, &name, false).await;
+    sampling.store(false, Ordering::Relaxed);
+    let (peak, peer_peak) = sampler.await.unwrap_or_default();
+    let after = scrape(addr).await;
+    let relisted = reflector_counters(&after, "lists")
+        .into_iter()
+        .filter(|(k, v)| lists.get(k).is_some_and(|was| v > was))
+        .map(|(k, _)| resource_of(&k))
+        .collect();
+    let expired_now: u64 = reflector_counters(&after, "expired").values().sum();
+    Restart {
+        down_s: (up - killed).as_secs_f64(),
+        rewatched_s,
+        served_s,
+        relisted,
+        expired: expired_now.saturating_sub(expired.values().sum()),
+        reflectors: watches.len(),
+        peak_rss_mb: peak,
+        peer_peak_rss_mb: peer_peak,
+    }
+}
+
 async fn scrape(addr: &str) -> String {
     support::jaeger::http_get(&format!("http://{addr}/metrics"))
         .await
@@ -352,7 +467,8 @@ async fn measure(
     phases: &Phases,
     names: &[String],
     dir: &Path,
-) -> (Figures, Figures, Churn) {
+    restart: bool,
+) -> (Figures, Figures, Churn, Option<Restart>) {
     let idle = [env.name("scale-idle-0"), env.name("scale-idle-1")];
     let n = point.nodes;
 
@@ -447,10 +563,15 @@ async fn measure(
     let _ = support::plans::plans(env, &env.namespace)
         .delete(&plan, &DeleteParams::default())
         .await;
+    let restarted = if restart {
+        Some(restart_apiserver(env, &addr, ours_pid, theirs_pid, &idle[0], n).await)
+    } else {
+        None
+    };
     drop(nmo);
     drop(replicas);
     release_peer_finalizers(env).await;
-    (ours, theirs, churn)
+    (ours, theirs, churn, restarted)
 }
 
 fn ms(s: f64) -> String {
@@ -463,6 +584,73 @@ fn ms(s: f64) -> String {
 
 fn bound(s: f64) -> String {
     if s.is_infinite() { "+Inf".into() } else { ms(s) }
+}
+
+/// The run as one Markdown table: nodewarden beside the peer, ratios from this run.
+fn table_lines(
+    rows: &[(Point, Figures, Figures, Churn)],
+    restarted: Option<&(usize, Restart)>,
+    phases: &Phases,
+    command: &str,
+) -> Vec<String> {
+    let mut lines = vec![
+        format!("| figure | nodewarden | Node Maintenance Operator v0.17.0 | peer ÷ nodewarden | command |"),
+        "|---|---|---|---|---|".to_string(),
+    ];
+    let ratio = |a: f64, b: f64| format!("{:.1} ×", b / a.max(1e-9));
+    for (p, ours, theirs, churn) in rows {
+        let at = format!("{} nodes, {} pods", p.nodes, p.nodes * p.pods_per_node);
+        let mut pair = |what: &str, a: f64, b: f64, unit: &str| {
+            lines.push(format!(
+                "| {at}: {what} | {a:.1} {unit} | {b:.1} {unit} | {} | `{command}` |",
+                ratio(a, b)
+            ));
+        };
+        pair(
+            "time to serve (start → first NodeMaintenance Succeeded)",
+            ours.serve_s,
+            theirs.serve_s,
+            "s",
+        );
+        pair(
+            "RSS once serving",
+            ours.rss_serving_mb,
+            theirs.rss_serving_mb,
+            "MB",
+        );
+        pair(
+            &format!("RSS after {} s of heartbeats", phases.steady.as_secs()),
+            ours.rss_steady_mb,
+            theirs.rss_steady_mb,
+            "MB",
+        );
+        pair("peak RSS (VmHWM)", ours.peak_rss_mb, theirs.peak_rss_mb, "MB");
+        pair(
+            "CPU per minute, steady",
+            ours.cpu_s_per_min,
+            theirs.cpu_s_per_min,
+            "s",
+        );
+        lines.push(format!(
+            "| {at}: watch event → reconcile start under {:.0} Node updates/s ({} reconciles) | p50 {}, p99 {} | | | `{command}` |",
+            churn.per_second,
+            churn.reconciles,
+            ms(churn.p50_s),
+            ms(churn.p99_s),
+        ));
+    }
+    if let Some((nodes, r)) = restarted {
+        lines.push(format!(
+            "| {nodes} nodes: kube-apiserver restarted → every reflector watching again / a new NodeMaintenance served | {:.2} s / {:.2} s after it answered (down {:.1} s); relisted: {}; peak RSS {:.1} MB | peak RSS {:.1} MB | | `{command}` |",
+            r.rewatched_s,
+            r.served_s,
+            r.down_s,
+            if r.relisted.is_empty() { "none".to_string() } else { r.relisted.join(", ") },
+            r.peak_rss_mb,
+            r.peer_peak_rss_mb,
+        ));
+    }
+    lines
 }
 
 fn row(point: &Point, ours: &Figures, theirs: &Figures, churn: &Churn) -> Value {
@@ -592,9 +780,30 @@ async fn run(points: Vec<Point>, phases: Phases, command: &str) {
     }
     let mut names = Vec::new();
     let mut rows = Vec::new();
-    for point in points {
+    let mut restarted = None;
+    let last = points.len().saturating_sub(1);
+    for (i, point) in points.into_iter().enumerate() {
         grow(&env, &point, &mut names).await;
-        let (ours, theirs, churn) = measure(&env, &point, &phases, &names, &dir).await;
+        let (ours, theirs, churn, restart) = measure(&env, &point, &phases, &names, &dir, i == last).await;
+        if let Some(r) = restart {
+            println!(
+                "scale: kube-apiserver restarted at {} nodes: down {:.1} s; every reflector ({}) watching again {:.2} s after it answered, a new NodeMaintenance served after {:.2} s; relisted: {}; 410s: {}; peak RSS meanwhile {:.1} MB (peer {:.1} MB)",
+                point.nodes,
+                r.down_s,
+                r.reflectors,
+                r.rewatched_s,
+                r.served_s,
+                if r.relisted.is_empty() {
+                    "none".to_string()
+                } else {
+                    r.relisted.join(", ")
+                },
+                r.expired,
+                r.peak_rss_mb,
+                r.peer_peak_rss_mb,
+            );
+            restarted = Some((point.nodes, r));
+        }
         println!(
             "scale: {} nodes, {} pods: nodewarden serves after {:.1} s, RSS {:.1} MB serving, {:.1} MB after {} s steady (peak {:.1}), {:.2} CPU s/min; peer serves after {:.1} s, RSS {:.1} MB serving, {:.1} MB steady (peak {:.1}), {:.2} CPU s/min; peer/nodewarden RSS {:.1} ×",
             point.nodes,
@@ -626,6 +835,9 @@ async fn run(points: Vec<Point>, phases: Phases, command: &str) {
         );
         rows.push((point, ours, theirs, churn));
     }
+    for line in table_lines(&rows, restarted.as_ref(), &phases, command) {
+        println!("scale: {line}");
+    }
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".run/bench-scale");
     std::fs::create_dir_all(&out).expect("an output directory");
     let table: Vec<Value> = rows.iter().map(|(p, a, b, c)| row(p, a, b, c)).collect();
@@ -634,6 +846,17 @@ async fn run(points: Vec<Point>, phases: Phases, command: &str) {
         "steady_seconds": phases.steady.as_secs(),
         "churn_seconds": phases.churn.as_secs(),
         "points": table,
+        "apiserver_restart": restarted.as_ref().map(|(nodes, r)| json!({
+            "nodes": nodes,
+            "apiserver_down_seconds": r.down_s,
+            "every_reflector_watching_again_seconds": r.rewatched_s,
+            "new_maintenance_served_seconds": r.served_s,
+            "reflectors": r.reflectors,
+            "relisted_resources": r.relisted,
+            "watch_expired_410": r.expired,
+            "nodewarden_peak_rss_mb": r.peak_rss_mb,
+            "peer_peak_rss_mb": r.peer_peak_rss_mb,
+        })),
     });
     std::fs::write(
         out.join("scale.json"),

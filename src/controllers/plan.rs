@@ -901,7 +901,9 @@ impl PlanReconciler {
     }
 
     async fn cordon(&self, plan: &Plan, node: &str) -> Result<()> {
-        let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node)) else {
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        // Written back whole, so read fresh: the cache keeps a trimmed Node.
+        let Some(current) = api.get_opt(node).await? else {
             return Ok(());
         };
         let want = Quarantine {
@@ -916,7 +918,6 @@ impl PlanReconciler {
                 reason: e.to_string(),
             })?;
         if let Some(changed) = changed {
-            let api: Api<Node> = Api::all(self.ctx.client.clone());
             api.replace(node, &PostParams::default(), &changed).await?;
             self.event(plan, EventType::Normal, "Cordon", format!("cordoned node {node}"));
         }
@@ -1014,10 +1015,12 @@ impl PlanReconciler {
             &DeleteParams::default(),
         )
         .await?;
-        if let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node))
+        // Written back whole, so read fresh: the cache keeps a trimmed Node.
+        let api: Api<Node> = Api::all(self.ctx.client.clone());
+        if self.ctx.nodes.get(&ObjectKey::cluster(node)).is_some()
+            && let Some(current) = api.get_opt(node).await?
             && let Some(restored) = crate::drain::node::undo(&current, &owner(plan))
         {
-            let api: Api<Node> = Api::all(self.ctx.client.clone());
             api.replace(node, &PostParams::default(), &restored).await?;
         }
         let ns = plan.namespace().unwrap_or_default();

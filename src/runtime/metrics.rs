@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::Category;
+use super::reflector::ReflectorStats;
 
 /// One work queue's figures. Called under the queue's lock: keep it cheap
 /// (atomics), never block.
@@ -39,6 +40,10 @@ pub trait RuntimeMetrics: Send + Sync {
 
     /// This replica started (true) or stopped (false) leading.
     fn leading(&self, _leading: bool) {}
+
+    /// A reflector of `resource` (its plural) selecting `selector` was
+    /// made; its counters are read at each scrape.
+    fn reflector(&self, _resource: &str, _selector: &str, _stats: Arc<ReflectorStats>) {}
 }
 
 /// Records nothing.

@@ -4,7 +4,12 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
@@ -15,6 +20,7 @@ use prometheus_client::registry::Registry;
 use crate::cloud::error::CloudErrorKind;
 use crate::runtime::error::Category;
 use crate::runtime::metrics::{QueueMetrics, RuntimeMetrics};
+use crate::runtime::reflector::ReflectorStats;
 
 /// Implements `EncodeLabelValue` with the type's `as_str`. The derive would
 /// export each variant's Rust name (`UpToDate`, `KubeApi`), not the label
@@ -484,6 +490,8 @@ pub struct Metrics {
     pub sip_hosts: Family<SipHostLabels, Gauge>,
     /// Failed active hosts replaced, by SIPCluster and role.
     pub sip_host_replacements: Family<SipRoleLabels, Counter>,
+    /// Every reflector's counters, read at each scrape.
+    reflectors: Reflectors,
 }
 
 impl Default for Metrics {
@@ -505,6 +513,7 @@ impl Metrics {
         metrics.register_cloud(&mut registry);
         metrics.register_plan(&mut registry);
         metrics.register_sip(&mut registry);
+        registry.register_collector(Box::new(metrics.reflectors.clone()));
         Metrics {
             registry: Arc::new(registry),
             ..metrics
@@ -535,6 +544,7 @@ impl Metrics {
             plan_failures: Family::default(),
             sip_hosts: Family::default(),
             sip_host_replacements: Family::default(),
+            reflectors: Reflectors::default(),
         }
     }
 
@@ -757,11 +767,109 @@ impl RuntimeMetrics for Metrics {
     fn leading(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
+
+    fn reflector(&self, resource: &str, selector: &str, stats: Arc<ReflectorStats>) {
+        let labels = ReflectorLabels {
+            resource: resource.to_owned(),
+            selector: selector.to_owned(),
+        };
+        self.reflectors
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((labels, stats));
+    }
+}
+
+/// Label set of the reflector counters: which resource, selected how.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReflectorLabels {
+    /// The resource's plural (`nodes`, `pods`, ...).
+    pub resource: String,
+    /// `labels:<selector> fields:<selector>`, empty when it watches them all.
+    pub selector: String,
+}
+
+/// The reflectors' own counters, encoded as counters at each scrape: they
+/// stay plain atomics on the reflector's hot path.
+#[derive(Clone, Debug, Default)]
+struct Reflectors(Arc<std::sync::Mutex<Vec<RegisteredReflector>>>);
+
+/// One reflector's labels and its counters.
+type RegisteredReflector = (ReflectorLabels, Arc<ReflectorStats>);
+
+impl Collector for Reflectors {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        type Read = fn(&ReflectorStats) -> &AtomicU64;
+        const COUNTERS: [(&str, &str, Read); 5] = [
+            (
+                "reflector_lists",
+                "Complete lists by a reflector: its first, then one per relist",
+                |s| &s.lists,
+            ),
+            (
+                "reflector_watches",
+                "Watches a reflector opened (a restart from the last resourceVersion costs no list)",
+                |s| &s.watches,
+            ),
+            (
+                "reflector_expired",
+                "410 Gone answers to a reflector (each forces a relist)",
+                |s| &s.expired,
+            ),
+            (
+                "reflector_failures",
+                "Failed list or watch attempts of a reflector (each backs off)",
+                |s| &s.failures,
+            ),
+            (
+                "reflector_stalls",
+                "Silent watches and unanswered requests a reflector gave up on",
+                |s| &s.stalls,
+            ),
+        ];
+        let reflectors = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (name, help, read) in COUNTERS {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (labels, stats) in &reflectors {
+                let value = read(stats).load(std::sync::atomic::Ordering::Relaxed);
+                ConstCounter::new(value).encode(family.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reflector_counters_are_read_at_each_scrape() {
+        let m = Metrics::new();
+        let stats = Arc::new(ReflectorStats::default());
+        m.reflector("nodes", "", stats.clone());
+        m.reflector(
+            "pods",
+            "fields:spec.nodeName=n",
+            Arc::new(ReflectorStats::default()),
+        );
+        stats.lists.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        stats.watches.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        let text = m.encode();
+        for line in [
+            r#"nodewarden_reflector_lists_total{resource="nodes",selector=""} 1"#,
+            r#"nodewarden_reflector_watches_total{resource="nodes",selector=""} 3"#,
+            r#"nodewarden_reflector_expired_total{resource="pods",selector="fields:spec.nodeName=n"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+        }
+        stats.lists.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            m.encode()
+                .contains(r#"nodewarden_reflector_lists_total{resource="nodes",selector=""} 2"#)
+        );
+    }
 
     #[test]
     fn a_former_leader_exports_no_rollout_state() {

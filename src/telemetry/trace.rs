@@ -20,6 +20,7 @@
 
 use std::cell::Cell;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{
@@ -277,18 +278,59 @@ pub fn init(instance: &str) -> Result<Option<SdkTracer>, TraceInitError> {
 /// Hands buffered spans to the exporter and waits (at most `timeout`). Called
 /// after a root span, so a replica killed right after finishing a
 /// replacement has already sent its trace.
+///
+/// While the collector is failing (the last flush failed or timed out), the
+/// flush runs in the background instead: spans cannot reach a collector that
+/// is down however long a reconcile waits, and a rollout must not slow to the
+/// exporter's pace. The first flush that succeeds makes flushes wait again.
 pub async fn flush(timeout: Duration) {
     let Some(provider) = PROVIDER.get() else {
         return;
     };
-    let provider = provider.clone();
-    let flushing = tokio::task::spawn_blocking(move || provider.force_flush());
-    match tokio::time::timeout(timeout, flushing).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => tracing::debug!(error = %e, "flushing spans failed"),
-        Ok(Err(e)) => tracing::debug!(error = %e, "flushing spans failed"),
-        Err(_) => tracing::debug!(?timeout, "flushing spans timed out"),
+    if !COLLECTOR_FAILING.load(Ordering::Relaxed) {
+        let _ = background_flush(provider.clone(), timeout).await;
+    } else if !FLUSHING.swap(true, Ordering::Relaxed) {
+        // One probe of a failing collector at a time.
+        let probe = background_flush(provider.clone(), timeout);
+        tokio::spawn(async move {
+            let _ = probe.await;
+            FLUSHING.store(false, Ordering::Relaxed);
+        });
     }
+}
+
+/// Set while flushes fail: see [`flush`].
+static COLLECTOR_FAILING: AtomicBool = AtomicBool::new(false);
+/// A background flush of a failing collector is running.
+static FLUSHING: AtomicBool = AtomicBool::new(false);
+
+/// Starts a flush bounded by `timeout` and records whether it worked.
+fn background_flush(provider: SdkTracerProvider, timeout: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let flushing = tokio::task::spawn_blocking(move || provider.force_flush());
+        let failed = match tokio::time::timeout(timeout, flushing).await {
+            Ok(Ok(Ok(()))) => false,
+            Ok(Ok(Err(e))) => {
+                tracing::debug!(error = %e, "flushing spans failed");
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "flushing spans failed");
+                true
+            }
+            Err(_) => {
+                tracing::debug!(?timeout, "flushing spans timed out");
+                true
+            }
+        };
+        if COLLECTOR_FAILING.swap(failed, Ordering::Relaxed) != failed {
+            if failed {
+                tracing::warn!("the trace collector is failing: reconciles no longer wait for span exports");
+            } else {
+                tracing::info!("the trace collector answers again");
+            }
+        }
+    })
 }
 
 /// Flushes and stops the exporter (graceful shutdown).

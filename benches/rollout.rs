@@ -1,0 +1,273 @@
+//! Rolling replacement against its ideal: 30 sim-cloud nodes in one worker
+//! group rolled to a new image by one `nodewarden run` process (release
+//! build under `cargo bench`, its ServiceAccount) at maxSurge 1, 3 and 10.
+//!
+//! The ideal is what the simulated cloud alone makes a rollout cost: each
+//! wave of `maxSurge` new instances boots (`bootDelay`) and joins
+//! (`joinDelay`) before the nodes they replace can go, so
+//! `ideal = ceil(nodes / maxSurge) × (bootDelay + joinDelay)`. The nodes
+//! carry no pods, so a drain is only nodewarden's own round trip (its
+//! NodeMaintenance), and the cloud's `deleteDelay` runs after the Node is
+//! gone, off the critical path: everything above the ideal is nodewarden's
+//! overhead (watch → plan → cloud call → status), printed per wave.
+//! Spans go to a Jaeger (built from Go modules), as in production, so the
+//! export of each step's spans is part of the time measured.
+//! The invariant checker watches every rollout: a bench run that breaks the
+//! surge budget fails.
+//!
+//! `cargo bench --bench rollout` (`just bench-rollout`) prints one line per
+//! surge and writes `.run/bench-rollout/rollout.json`. Under `cargo test`
+//! (`just test`) it rolls 6 nodes at maxSurge 1 and 3 with shorter delays,
+//! so the command cannot rot.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+use support::jaeger::Jaeger;
+use support::replicas::*;
+use support::rollout::{Checker, create_node_version, roll_nodes};
+use support::sim::SimCloud;
+use support::{Probe, RUN_LABEL, TestEnv, node_is_ready, seen, wait_for};
+
+/// The simulated cloud's delays and the rollouts to time.
+struct Scenario {
+    nodes: usize,
+    boot: Duration,
+    join: Duration,
+    delete: Duration,
+    surges: Vec<usize>,
+}
+
+impl Scenario {
+    fn ideal(&self, surge: usize) -> Duration {
+        (self.boot + self.join) * self.waves(surge) as u32
+    }
+
+    fn waves(&self, surge: usize) -> usize {
+        self.nodes.div_ceil(surge.max(1))
+    }
+}
+
+/// One rollout's figures.
+struct Timed {
+    surge: usize,
+    took: Duration,
+    ideal: Duration,
+    peak_surge: usize,
+}
+
+impl Timed {
+    fn ratio(&self) -> f64 {
+        self.took.as_secs_f64() / self.ideal.as_secs_f64().max(1e-9)
+    }
+
+    fn overhead_per_wave(&self, scenario: &Scenario) -> Duration {
+        self.took.saturating_sub(self.ideal) / scenario.waves(self.surge) as u32
+    }
+}
+
+fn millis(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+/// Waits until nodewarden has judged every node up to date (its status),
+/// so a rollout starts from a settled NodeVersion.
+async fn settled(env: &TestEnv, total: usize) {
+    let api: Api<nodewarden::api::update::NodeVersion> = Api::all(env.client.clone());
+    let name = env.name("version");
+    wait_for("the NodeVersion settled", Duration::from_secs(120), || async {
+        match api.get(&name).await {
+            Ok(nv) => {
+                let status = serde_json::to_value(&nv.status).unwrap_or_default();
+                let up = status["upToDateNodes"].as_u64().unwrap_or(0) as usize;
+                if up == total {
+                    Probe::Done(())
+                } else {
+                    Probe::NotYet(format!("{up} of {total} up to date"))
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+}
+
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The rollout that began at `began` (µs) as `nodewarden timeline` draws it:
+/// a page to look at where each wave's time went.
+async fn write_timeline(jaeger: &Jaeger, began: u64, page: &std::path::Path) {
+    use nodewarden::telemetry::timeline;
+    use nodewarden::telemetry::trace::{REPLACE_NODE, ROLLOUT};
+    let mut traces = Vec::new();
+    for operation in [REPLACE_NODE, ROLLOUT] {
+        let query = timeline::traces_query("nodewarden", operation, began, now_micros(), 10_000);
+        match support::jaeger::http_get(&format!("{}{query}", jaeger.query)).await {
+            Ok(body) => traces.extend(timeline::parse_traces(&body).unwrap_or_default()),
+            Err(e) => println!("rollout: no timeline from Jaeger: {e}"),
+        }
+    }
+    let drawn = timeline::build(&traces, &timeline::Options::default());
+    if let Err(e) = std::fs::write(page, timeline::render(&drawn)) {
+        println!("rollout: writing {}: {e}", page.display());
+    }
+}
+
+async fn run(scenario: Scenario, command: &str) {
+    let env = TestEnv::new("bench-rollout").await;
+    support::install_crds(&env.client).await;
+    let group = env.name("workers");
+    let config = json!({"groups": [{
+        "id": group, "role": "Worker", "initialSize": scenario.nodes, "image": "img-0",
+        "bootDelay": millis(scenario.boot), "joinDelay": millis(scenario.join),
+        "deleteDelay": millis(scenario.delete), "labels": {RUN_LABEL: env.id},
+    }]});
+    let sim = SimCloud::start_with_config(&config.to_string()).await;
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let selector = env.run_selector();
+    wait_for("the initial nodes Ready", Duration::from_secs(120), || async {
+        match nodes.list(&ListParams::default().labels(&selector)).await {
+            Ok(l) if l.items.iter().filter(|n| node_is_ready(n)).count() == scenario.nodes => Probe::Done(()),
+            Ok(l) => Probe::NotYet(format!("{} nodes", l.items.len())),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    create_node_version(&env, &[(group.clone(), "Worker")], "img-0").await;
+
+    // Traced as in production: each span step waits for its export to a
+    // collector that answers.
+    let jaeger = Jaeger::start();
+    let dir = replica_log_dir(&env.id);
+    let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
+    // NODEWARDEN_REPLICA_LOG=debug shows where a wave's time goes.
+    let log = std::env::var("NODEWARDEN_REPLICA_LOG").unwrap_or_else(|_| "info".into());
+    let replicas = Replicas::start_with_env(
+        1,
+        &env,
+        &kubeconfig,
+        &format!("nodewarden-{}", env.id),
+        &jaeger.otlp_endpoint,
+        &["--sim-cloud", &sim.sim.addr],
+        &[("RUST_LOG".into(), log)],
+        &dir,
+    );
+    settled(&env, scenario.nodes).await;
+
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".run/bench-rollout");
+    std::fs::create_dir_all(&out).expect("an output directory");
+    let mut timed = Vec::new();
+    for (i, &surge) in scenario.surges.iter().enumerate() {
+        let checker = Checker::start_with_sim(&env, scenario.nodes, surge, &sim.sim.provider);
+        let image = format!("img-{}", i + 1);
+        let began = now_micros();
+        let took = roll_nodes(&env, scenario.nodes, &image, Some(surge)).await;
+        let peak_surge = checker.peak_surge();
+        let breaches = checker.finish().await;
+        assert!(
+            breaches.is_empty(),
+            "invariants breached at maxSurge {surge}: {breaches:#?}\n{}",
+            replicas.tail_logs()
+        );
+        let t = Timed {
+            surge,
+            took,
+            ideal: scenario.ideal(surge),
+            peak_surge,
+        };
+        println!(
+            "rollout: {} nodes at maxSurge {surge}: {:.1} s, ideal {:.1} s ({} waves of boot {:?} + join {:?}): {:.3} × ideal, {:.0} ms overhead per wave; most nodes in flight at once {}",
+            scenario.nodes,
+            t.took.as_secs_f64(),
+            t.ideal.as_secs_f64(),
+            scenario.waves(surge),
+            scenario.boot,
+            scenario.join,
+            t.ratio(),
+            t.overhead_per_wave(&scenario).as_secs_f64() * 1000.0,
+            t.peak_surge,
+        );
+        timed.push(t);
+        settled(&env, scenario.nodes).await;
+        let page = out.join(format!("timeline-surge-{surge}.html"));
+        write_timeline(&jaeger, began, &page).await;
+    }
+
+    let rows: Vec<Value> = timed
+        .iter()
+        .map(|t| {
+            json!({
+                "max_surge": t.surge,
+                "seconds": t.took.as_secs_f64(),
+                "ideal_seconds": t.ideal.as_secs_f64(),
+                "ratio_to_ideal": t.ratio(),
+                "overhead_per_wave_seconds": t.overhead_per_wave(&scenario).as_secs_f64(),
+                "peak_surge_seen": t.peak_surge,
+            })
+        })
+        .collect();
+    let report = json!({
+        "command": command,
+        "nodes": scenario.nodes,
+        "boot_delay_seconds": scenario.boot.as_secs_f64(),
+        "join_delay_seconds": scenario.join.as_secs_f64(),
+        "delete_delay_seconds": scenario.delete.as_secs_f64(),
+        "rollouts": rows,
+    });
+    std::fs::write(
+        out.join("rollout.json"),
+        serde_json::to_string_pretty(&report).unwrap_or_default(),
+    )
+    .expect("writing rollout.json");
+    println!(
+        "rollout: wrote {}/rollout.json and timeline-surge-N.html",
+        out.display()
+    );
+    drop(replicas);
+    sim.sim.kill().await;
+    if std::env::var_os("NODEWARDEN_KEEP_LOGS").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    env.cleanup().await;
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let scenario = if full {
+        Scenario {
+            nodes: 30,
+            boot: Duration::from_secs(2),
+            join: Duration::from_secs(1),
+            delete: Duration::from_secs(1),
+            surges: vec![1, 3, 10],
+        }
+    } else {
+        Scenario {
+            nodes: 6,
+            boot: Duration::from_millis(1000),
+            join: Duration::from_millis(500),
+            delete: Duration::from_millis(500),
+            surges: vec![1, 3],
+        }
+    };
+    let command = if full {
+        "cargo bench --bench rollout"
+    } else {
+        "cargo test --bench rollout"
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(run(scenario, command));
+}
