@@ -99,8 +99,13 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
 fn register_admission(manager: &mut Manager, config: crate::admission::AdmissionConfig) {
     use crate::admission::server;
     let resolver = Arc::new(server::CertResolver::default());
-    let (client, keeper_config, keeper_resolver) =
-        (manager.client().clone(), config.clone(), resolver.clone());
+    // Every replica may create the Secret (the first create wins); the
+    // keeper checks leadership itself before a renewal or a caBundle write.
+    let (client, keeper_config, keeper_resolver) = (
+        manager.unfenced_client().clone(),
+        config.clone(),
+        resolver.clone(),
+    );
     manager.add_task(Box::new(move |leader, stop| {
         Box::pin(server::keep_certificates(
             client,

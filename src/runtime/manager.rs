@@ -127,6 +127,7 @@ type Transform = Box<dyn Any + Send>;
 /// Owns the shared machinery; see the module docs.
 pub struct Manager {
     client: Client,
+    unfenced: Client,
     elector: LeaderElector,
     leader: LeaderHandle,
     config: ControllerConfig,
@@ -150,7 +151,8 @@ impl Manager {
         Manager {
             // Controllers write only within this replica's lease term; the
             // elector keeps the unfenced client for the Lease itself.
-            client: super::fence::fenced(client, leader.clone()),
+            client: super::fence::fenced(client.clone(), leader.clone()),
+            unfenced: client,
             elector,
             leader,
             config,
@@ -172,6 +174,13 @@ impl Manager {
     /// The API client.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The client without the write fence, for the few writes every replica
+    /// makes by design whether it leads or not (the webhook Secret's first
+    /// create, which all replicas race for); never for a controller's writes.
+    pub fn unfenced_client(&self) -> &Client {
+        &self.unfenced
     }
 
     /// This replica's leadership.
