@@ -181,9 +181,9 @@ pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
 /// whole spec, and of the status only the Ready condition. Addresses,
 /// capacity, images, nodeInfo, volumes and the other conditions are dropped:
 /// they are most of a Node's size, and at thousands of Nodes most of the
-/// process's memory. A controller that writes a Node back sends its cached
-/// spec and metadata; the API server keeps the status of a PUT to the Node
-/// itself (status is a subresource), so nothing dropped here is lost.
+/// process's memory. A controller that writes a whole Node back reads it
+/// fresh first (the cached metadata lacks the last-applied annotation); the
+/// status of a PUT to the Node itself is ignored (status is a subresource).
 pub fn strip_node(mut node: k8s_openapi::api::core::v1::Node) -> k8s_openapi::api::core::v1::Node {
     node.metadata.managed_fields = None;
     if let Some(annotations) = node.metadata.annotations.as_mut() {
