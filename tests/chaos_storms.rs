@@ -311,8 +311,13 @@ async fn wait_plans_done(env: &TestEnv, nodes: &[String]) {
                 .any(|c| c.type_ == "Complete" && c.status == "True");
             let current = status.observed_generation == p.metadata.generation;
             if !complete || !current {
+                let said = status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Complete")
+                    .map(|c| format!("{} {}: {}", c.status, c.reason, c.message));
                 behind.push(format!(
-                    "{plan}: progress {:?}, applying {:?}",
+                    "{plan}: progress {:?}, applying {:?}, Complete {said:?}",
                     status.progress, status.applying
                 ));
                 continue;

@@ -146,7 +146,16 @@ async fn store_equals_list_after_compaction_forces_410() {
 
     // Disconnected: delete some, add some, change some; then compact etcd so
     // the reflector's last resourceVersion is gone.
+    assert!(store.is_current(), "a watching reflector's store is current");
     proxy.cut();
+    // A leader's controllers wait for current stores: one cut off says so.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while store.is_current() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a cut-off reflector's store stops being current");
     let mut expected_deleted = BTreeSet::new();
     for i in 0..10 {
         cms.delete(&format!("cm-{i}"), &DeleteParams::default())
@@ -171,6 +180,9 @@ async fn store_equals_list_after_compaction_forces_410() {
     proxy.restore();
 
     wait_store_equals_list(&store, &cms, "set=a").await;
+    tokio::time::timeout(Duration::from_secs(10), store.wait_current())
+        .await
+        .expect("current again once reconnected");
     assert!(
         stats.expired.load(Ordering::Relaxed) >= 1,
         "the compaction should have forced a 410"

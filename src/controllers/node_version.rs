@@ -151,6 +151,25 @@ pub struct NodeVersionReconciler {
     pub object_source: Source,
 }
 
+/// Why `donor` and `heir` (as read fresh) cannot be paired: either already
+/// names another partner. None when they are free or name each other (a
+/// pairing half written, or written whole, is finished again harmlessly).
+fn pairing_taken(donor: &Node, heir: &Node) -> Option<String> {
+    let (donor_name, heir_name) = (donor.name_any(), heir.name_any());
+    match (
+        annotation(heir, DONOR_ANNOTATION),
+        annotation(donor, HEIR_ANNOTATION),
+    ) {
+        (Some(other), _) if other != donor_name => {
+            Some(format!("it is already the heir of {other}, not of {donor_name}"))
+        }
+        (_, Some(other)) if other != heir_name => {
+            Some(format!("its donor {donor_name} already has the heir {other}"))
+        }
+        _ => None,
+    }
+}
+
 fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
     node.metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
@@ -766,9 +785,25 @@ impl NodeVersionReconciler {
     /// Pairs a joined heir with its donor: the heir inherits the donor's
     /// labels, both carry the replacement's trace and name each other, and
     /// the heir's PendingNode goes.
+    ///
+    /// The pairing is decided on the cache, which can lag: a leader that just
+    /// took over with a watch still reconnecting would pair an heir its
+    /// predecessor already gave to another donor, and both donors would be
+    /// deleted for one heir. So both nodes are read fresh, the pairing is
+    /// refused when either already belongs to another, and each write is
+    /// conditional on the version read.
     async fn pair(&self, donor_node: &Node, heir: &str, heir_node: Option<Arc<Node>>) -> Result<()> {
         let node_api: Api<Node> = Api::all(self.client.clone());
         let donor = donor_node.name_any();
+        let (fresh_donor, fresh_heir) = (node_api.get(&donor).await?, node_api.get(heir).await?);
+        if let Some(reason) = pairing_taken(&fresh_donor, &fresh_heir) {
+            return Err(Error::Changed {
+                kind: "Node",
+                name: heir.to_owned(),
+                reason,
+            });
+        }
+        let donor_node = &fresh_donor;
         let joined = self.pending.list().into_iter().find(|p| p.spec.node_name == heir);
         let replacement = joined
             .as_ref()
@@ -788,17 +823,24 @@ impl NodeVersionReconciler {
             joined
                 .as_ref()
                 .and_then(|p| p.metadata.annotations.as_ref())
-                .or(heir_node.as_ref().and_then(|h| h.metadata.annotations.as_ref())),
+                .or(fresh_heir.metadata.annotations.as_ref()),
         );
         let mut heir_annotations = json!(carried);
         heir_annotations[DONOR_ANNOTATION] = json!(donor);
-        let heir_patch = json!({"metadata": {"labels": labels, "annotations": heir_annotations}});
+        let heir_patch = json!({"metadata": {
+            "labels": labels,
+            "annotations": heir_annotations,
+            "resourceVersion": fresh_heir.resource_version(),
+        }});
         node_api
             .patch(heir, &PatchParams::default(), &Patch::Merge(&heir_patch))
             .await?;
         let mut donor_annotations = json!(carried);
         donor_annotations[HEIR_ANNOTATION] = json!(heir);
-        let donor_patch = json!({"metadata": {"annotations": donor_annotations}});
+        let donor_patch = json!({"metadata": {
+            "annotations": donor_annotations,
+            "resourceVersion": fresh_donor.resource_version(),
+        }});
         node_api
             .patch(&donor, &PatchParams::default(), &Patch::Merge(&donor_patch))
             .await?;
@@ -1360,6 +1402,34 @@ mod tests {
             up_to_date,
             ready: true,
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_paired_with_another_is_not_paired_again() {
+        let kube_node = |name: &str, key: &str, partner: Option<&str>| -> Node {
+            let annotations = partner.map(|p| json!({key: p})).unwrap_or(json!({}));
+            serde_json::from_value(json!({"metadata": {"name": name, "annotations": annotations}}))
+                .expect("a Node")
+        };
+        // (heir names as donor, donor names as heir, refused)
+        let cases = [
+            (None, None, false),
+            (Some("old-1"), None, false), // half written: finished
+            (Some("old-1"), Some("new-1"), false),
+            (Some("old-2"), None, true), // a stale cache's choice
+            (None, Some("new-2"), true),
+            (Some("old-1"), Some("new-2"), true),
+        ];
+        for (heir_of, donor_to, refused) in cases {
+            let donor = kube_node("old-1", HEIR_ANNOTATION, donor_to);
+            let heir = kube_node("new-1", DONOR_ANNOTATION, heir_of);
+            let got = pairing_taken(&donor, &heir);
+            assert_eq!(
+                got.is_some(),
+                refused,
+                "heir of {heir_of:?}, donor to {donor_to:?}: {got:?}"
+            );
         }
     }
 

@@ -163,12 +163,15 @@ impl<K: Object> Watches<K> {
     /// The reconciler reads `store` (watched or not): no worker starts before
     /// it holds its first full list. Deciding on an empty cache is how a
     /// fresh leader would create instances it already has (client-go's
-    /// WaitForCacheSync).
+    /// WaitForCacheSync). Nor before its reflector is connected: a replica
+    /// that takes the lease just after losing the API server would decide
+    /// on what it saw before the cut, and what its predecessor did meanwhile
+    /// would be done again.
     pub fn needs<W: Send + Sync + 'static>(&mut self, store: &Store<W>) {
         let store = store.clone();
         self.synced.push(Box::new(move || {
             let store = store.clone();
-            Box::pin(async move { store.wait_synced().await })
+            Box::pin(async move { store.wait_current().await })
         }));
     }
 }
@@ -222,7 +225,7 @@ impl<R: Reconciler> Controller<R> {
                 _ = leading.wait_for(|l| !*l) => continue,
                 _ = synced => {}
             }
-            tracing::info!(controller = %self.name, "leading, caches synced: starting workers");
+            tracing::info!(controller = %self.name, "leading, caches current: starting workers");
             for key in self.watches.resyncs.iter().flat_map(|resync| resync()) {
                 self.watches.queue.add(key);
             }

@@ -136,8 +136,11 @@ enum Started<K> {
 
 /// How a watch ended.
 enum Ended {
-    /// The server closed it, or it went silent: start another at once.
+    /// The server closed it: start another at once.
     Closed,
+    /// It went silent for the idle timeout: start another at once (the
+    /// store may have missed events meanwhile).
+    Stalled,
     /// It broke: start another, after a pause if it broke at once.
     Failed,
     Stop(Stop),
@@ -249,12 +252,14 @@ where
             let mut last_rv = match listed {
                 Ok(rv) => rv,
                 Err(Stop::Gone) => {
+                    self.writer.mark_connected(false);
                     // What we asked for is compacted away: read the newest state.
                     tracing::info!(reflector = %self.name, "list version expired; listing consistently");
                     list_from = ListFrom::Consistent;
                     continue;
                 }
                 Err(_) => {
+                    self.writer.mark_connected(false);
                     if self.sleep(&mut backoff, &shutdown).await.is_some() {
                         return;
                     }
@@ -264,6 +269,7 @@ where
             match self.watch(&mut last_rv, &mut backoff, &shutdown).await {
                 Stop::Shutdown | Stop::Failed => return,
                 Stop::Gone => {
+                    self.writer.mark_connected(false);
                     tracing::info!(reflector = %self.name, resource_version = %last_rv, "watch expired (410); relisting");
                     list_from = ListFrom::NotOlderThan(last_rv);
                 }
@@ -355,13 +361,19 @@ where
         loop {
             let started = Instant::now();
             let ended = match self.start_watch(last_rv, shutdown).await {
-                Started::Watching(stream) => self.follow(stream, last_rv, shutdown).await,
+                Started::Watching(stream) => {
+                    self.writer.mark_connected(true);
+                    self.follow(stream, last_rv, shutdown).await
+                }
                 Started::Stop(stop) => return stop,
                 Started::Failed => Ended::Failed,
             };
+            if matches!(ended, Ended::Failed | Ended::Stalled) {
+                self.writer.mark_connected(false);
+            }
             match ended {
                 Ended::Stop(stop) => return stop,
-                Ended::Closed => {}
+                Ended::Closed | Ended::Stalled => {}
                 // A watch that failed right away backs off so a broken
                 // server is not hammered; one that ended is restarted at once.
                 Ended::Failed => {
@@ -432,7 +444,7 @@ where
                 // Restart from the last version (no relist, no backoff).
                 self.stats.stalls.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(reflector = %self.name, after = ?idle, resource_version = %last_rv, "watch silent; restarting it");
-                return Ended::Closed;
+                return Ended::Stalled;
             };
             match next {
                 None => return Ended::Closed,

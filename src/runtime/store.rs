@@ -167,7 +167,16 @@ struct Inner<K> {
 /// The read side of the cache. Cheap to clone: clones share the same objects.
 pub struct Store<K> {
     inner: Arc<RwLock<Inner<K>>>,
-    synced: watch::Sender<bool>,
+    synced: watch::Sender<Freshness>,
+}
+
+/// How current a store is: listed once, and whether its reflector is
+/// connected now (a watch running, or a list just stored). A store whose
+/// reflector lost its connection keeps its objects but may be behind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Freshness {
+    listed: bool,
+    connected: bool,
 }
 
 impl<K> Clone for Store<K> {
@@ -204,7 +213,7 @@ impl<K> Store<K> {
                 objects: HashMap::new(),
                 indexes: HashMap::new(),
             })),
-            synced: watch::Sender::new(false),
+            synced: watch::Sender::new(Freshness::default()),
         }
     }
 
@@ -295,14 +304,27 @@ impl<K> Store<K> {
 
     /// True once the first full list has been stored.
     pub fn is_synced(&self) -> bool {
-        *self.synced.borrow()
+        self.synced.borrow().listed
     }
 
     /// Resolves once the first full list has been stored.
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.subscribe();
         // Err only when the sender is gone, which cannot happen while `self` lives.
-        let _ = rx.wait_for(|synced| *synced).await;
+        let _ = rx.wait_for(|f| f.listed).await;
+    }
+
+    /// True when listed and its reflector is connected now: the cache is as
+    /// current as a watch makes it.
+    pub fn is_current(&self) -> bool {
+        let f = *self.synced.borrow();
+        f.listed && f.connected
+    }
+
+    /// Resolves once the store is listed and its reflector connected.
+    pub async fn wait_current(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|f| f.listed && f.connected).await;
     }
 }
 
@@ -392,9 +414,23 @@ impl<K> Writer<K> {
         out
     }
 
-    /// Marks the first full list as stored (wakes [`Store::wait_synced`]).
+    /// Marks a full list as stored (wakes [`Store::wait_synced`]): the store
+    /// is current as of that list.
     pub fn mark_synced(&self) {
-        self.store.synced.send_replace(true);
+        self.store.synced.send_replace(Freshness {
+            listed: true,
+            connected: true,
+        });
+    }
+
+    /// Records whether the reflector is connected (a watch running) or lost
+    /// its connection (the store may fall behind until it is back).
+    pub fn mark_connected(&self, connected: bool) {
+        self.store.synced.send_if_modified(|f| {
+            let changed = f.connected != connected;
+            f.connected = connected;
+            changed
+        });
     }
 }
 
@@ -533,6 +569,28 @@ mod tests {
             .expect("wait_synced resolves")
             .expect("task ran");
         assert!(store.is_synced());
+        assert!(store.is_current());
+    }
+
+    #[tokio::test]
+    async fn a_disconnected_store_is_synced_but_not_current() {
+        let writer: Writer<ConfigMap> = Writer::new();
+        let store = writer.store();
+        writer.mark_synced();
+        writer.mark_connected(false);
+        assert!(store.is_synced());
+        assert!(!store.is_current());
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move { store.wait_current().await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "a disconnected store is not current");
+        writer.mark_connected(true);
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiter)
+            .await
+            .expect("wait_current resolves")
+            .expect("task ran");
     }
 
     #[test]
