@@ -71,6 +71,7 @@ impl Node {
             selected: true,
             maintenance: self.maintenance.clone(),
             cordoned_by_plan: self.cordoned,
+            held_by: None,
             job: self.job.clone(),
             earlier_job_running: false,
             remnants: self.remnants(),

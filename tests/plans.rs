@@ -424,7 +424,7 @@ async fn a_changed_secret_reruns_the_plan_unless_its_updates_are_ignored() {
 }
 
 #[tokio::test]
-async fn a_drain_a_pdb_blocks_ends_at_its_timeout_naming_the_pdb() {
+async fn a_drain_a_pdb_blocks_fails_at_its_timeout_naming_the_pdb_and_goes_on_once_it_frees() {
     let env = TestEnv::new("plan-pdb").await;
     let nodes = env.create_kwok_nodes(2, &[("pdb-plan", "yes")]).await;
     env.create_deployment("guarded", 2, json!({"kubernetes.io/hostname": nodes[0]}))
@@ -459,6 +459,13 @@ async fn a_drain_a_pdb_blocks_ends_at_its_timeout_naming_the_pdb() {
         cordoned(&node(&env, &nodes[0]).await),
         "the blocked node stays cordoned"
     );
+    // The drain went on: once the budget allows, the node is drained and
+    // upgraded (upstream's Job retries its drain the same way).
+    Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(env.client.clone(), &env.namespace)
+        .delete("never", &Default::default())
+        .await
+        .expect("deleting the budget");
+    wait_upgraded(&env, &env.namespace, "blocked", &nodes[..1], TIMEOUT).await;
     delete_plan_and_wait(&env, &env.namespace, "blocked").await;
     assert!(
         !cordoned(&node(&env, &nodes[0]).await),

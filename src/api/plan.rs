@@ -193,8 +193,10 @@ pub struct VolumeSpec {
 #[x_kube(validation = kube::core::Rule::new("!(has(self.deleteEmptydirData) && has(self.deleteLocalData))").message("spec.drain cannot specify both deleteEmptydirData and deleteLocalData"))]
 #[serde(rename_all = "camelCase")]
 pub struct DrainSpec {
-    /// Give up after this long: nanoseconds, or a Go duration string. The plan
-    /// then stops with the pods and PodDisruptionBudgets that blocked it named.
+    /// A drain not done after this long fails: nanoseconds, or a Go duration
+    /// string. The plan then reports the pods and PodDisruptionBudgets that
+    /// block it and starts no other node; the drain goes on, and when it
+    /// finishes the plan continues (upstream's Job retries its drain).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<IntOrString>,
     /// Termination grace period of evicted pods, in seconds (kubectl's default when unset).

@@ -271,7 +271,7 @@ impl PlanReconciler {
     ) -> Result<Duration> {
         let mut applying = Vec::new();
         for name in &status.applying {
-            let facts = self.node_facts(plan, name, &target.hash);
+            let facts = self.node_facts(plan, name, &target.hash, now);
             let record = status.nodes.iter().find(|r| &r.name == name);
             let decision = schedule::decide_node(
                 prep_of(plan),
@@ -438,7 +438,7 @@ impl PlanReconciler {
     }
 
     /// What the cluster shows about one applying node.
-    fn node_facts(&self, plan: &Plan, name: &str, hash: &str) -> NodeFacts {
+    fn node_facts(&self, plan: &Plan, name: &str, hash: &str, now: Timestamp) -> NodeFacts {
         let node = self.ctx.nodes.get(&ObjectKey::cluster(name));
         let plan_name = plan.name_any();
         let ns = plan.namespace().unwrap_or_default();
@@ -460,12 +460,11 @@ impl PlanReconciler {
             .ctx
             .maintenances
             .get(&ObjectKey::cluster(&maintenance_name(plan, name)))
-            .map(|m| maintenance_state(&m))
+            .map(|m| maintenance_state(&m, drain_timeout(plan), now))
             .unwrap_or(Maintenance::Absent);
-        let cordoned_by_plan = node
-            .as_deref()
-            .and_then(recorded_changes)
-            .is_some_and(|c| c.owner == owner(plan));
+        let record = node.as_deref().and_then(recorded_changes);
+        let cordoned_by_plan = record.as_ref().is_some_and(|c| c.owner == owner(plan));
+        let held_by = record.map(|c| c.owner).filter(|o| *o != owner(plan));
         let remnants = maintenance != Maintenance::Absent
             || cordoned_by_plan
             || job == JobState::Running
@@ -478,6 +477,7 @@ impl PlanReconciler {
             selected: node.as_deref().is_some_and(|n| selects(plan, n)),
             maintenance,
             cordoned_by_plan,
+            held_by,
             job,
             earlier_job_running,
             remnants,
@@ -557,7 +557,10 @@ fn job_state(job: &Job, node: &str) -> JobState {
     }
 }
 
-fn maintenance_state(m: &medik8s::NodeMaintenance) -> Maintenance {
+/// How the plan's maintenance of a node stands. One still draining past
+/// `timeout` (spec.drain.timeout) counts as failed, naming what blocks it,
+/// though it goes on draining: the failure clears when the drain finishes.
+fn maintenance_state(m: &medik8s::NodeMaintenance, timeout: Option<Duration>, now: Timestamp) -> Maintenance {
     let status = m.status.clone().unwrap_or_default();
     let blockers: Vec<String> = status
         .blocked_by
@@ -583,6 +586,21 @@ fn maintenance_state(m: &medik8s::NodeMaintenance) -> Maintenance {
                 Some(n) if n > 0 => format!(": {n} pods left"),
                 _ => String::new(),
             };
+            let started = m.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            if let (Some(timeout), Some(started)) = (timeout, started)
+                && now.duration_since(started).unsigned_abs() >= timeout
+                && now > started
+            {
+                let detail = match detail.as_str() {
+                    "" => String::new(),
+                    d => format!("; {d}"),
+                };
+                return Maintenance::Failed(format!(
+                    "NodeMaintenance {} not drained within spec.drain.timeout ({}s), still draining{left}{detail}",
+                    m.name_any(),
+                    timeout.as_secs()
+                ));
+            }
             Maintenance::Running(match detail.as_str() {
                 "" => format!("draining{left}"),
                 d => format!("draining{left}; {d}"),
@@ -727,7 +745,7 @@ fn node_counts(
 /// What a failed node's message says failed (schedule's drain messages
 /// start with "drain").
 fn failure_of(message: &str) -> PlanFailure {
-    if message.starts_with("drain") {
+    if message.starts_with(schedule::DRAIN_FAILED) {
         PlanFailure::DrainFailed
     } else {
         PlanFailure::JobFailed
@@ -858,12 +876,6 @@ impl PlanReconciler {
             .find(|r| r.name == node)
             .map(|r| r.traceparent.clone())
             .unwrap_or_default();
-        let drain_timeout = plan
-            .spec
-            .drain
-            .as_ref()
-            .and_then(|d| d.timeout.as_ref())
-            .and_then(timeout_of);
         let m = medik8s::NodeMaintenance {
             metadata: ObjectMeta {
                 name: Some(maintenance_name(plan, node)),
@@ -879,7 +891,11 @@ impl PlanReconciler {
                     plan.key(),
                     target.version
                 )),
-                drain_timeout,
+                // No deadline of its own: past spec.drain.timeout the plan
+                // reports the drain failed while it goes on (see
+                // `maintenance_state`), instead of a transient PDB block
+                // stopping the plan for good.
+                drain_timeout: None,
                 on_drain_timeout: None,
             },
             status: None,
@@ -911,8 +927,10 @@ impl PlanReconciler {
             taints: Vec::new(),
             labels: BTreeMap::new(),
         };
+        // Held by another since the cache saw it: retried, and the next
+        // round waits for them (see `held_by`).
         let changed =
-            crate::drain::node::apply(&current, &want, &owner(plan)).map_err(|e| Error::InvalidObject {
+            crate::drain::node::apply(&current, &want, &owner(plan)).map_err(|e| Error::Changed {
                 kind: "Node",
                 name: node.to_string(),
                 reason: e.to_string(),
@@ -1114,7 +1132,7 @@ impl PlanReconciler {
                 self.event(
                     plan,
                     EventType::Warning,
-                    "JobFailed",
+                    failure_of(&n.message).as_str(),
                     format!("node {}: {}", n.name, n.message),
                 );
             }
@@ -1261,21 +1279,87 @@ fn background_deletion() -> DeleteParams {
 }
 
 /// drain.timeout as a NodeMaintenance drainTimeout: nanoseconds or a Go duration.
-fn timeout_of(t: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString) -> Option<String> {
+/// spec.drain.timeout: nanoseconds as a number (upstream's Go duration) or a
+/// duration string; none or zero is no timeout.
+fn drain_timeout(plan: &Plan) -> Option<Duration> {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-    let d = match t {
-        IntOrString::Int(ns) if *ns > 0 => Duration::from_nanos(*ns as u64),
-        IntOrString::Int(_) => return None,
-        IntOrString::String(s) => parse_go_duration(s)?,
-    };
-    // drainTimeout takes whole milliseconds at least.
-    Some(format!("{}ms", d.as_millis().max(1)))
+    match plan.spec.drain.as_ref()?.timeout.as_ref()? {
+        IntOrString::Int(ns) if *ns > 0 => Some(Duration::from_nanos(*ns as u64)),
+        IntOrString::Int(_) => None,
+        IntOrString::String(s) => parse_go_duration(s).filter(|d| !d.is_zero()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::plan::PlanSpec;
+    use serde_json::json;
+
+    #[test]
+    fn a_drain_past_its_timeout_fails_while_it_goes_on() {
+        let t = |s: i64| Timestamp::from_second(1_800_000_000 + s).expect("a time");
+        let nm = |phase: &str, blocked: bool| -> medik8s::NodeMaintenance {
+            let blocked_by = match blocked {
+                true => json!([{"pod": "ns/web-1", "pdb": "ns/web"}]),
+                false => json!([]),
+            };
+            serde_json::from_value(json!({
+                "apiVersion": "nodemaintenance.medik8s.io/v1beta1", "kind": "NodeMaintenance",
+                "metadata": {"name": "m", "creationTimestamp": t(0).to_string()},
+                "spec": {"nodeName": "n1"},
+                "status": {"phase": phase, "pendingPodsCount": 1, "blockedBy": blocked_by},
+            }))
+            .expect("a NodeMaintenance")
+        };
+        let minute = Some(Duration::from_secs(60));
+        // (what, maintenance, timeout, now, expected state's kind, named in its message)
+        let cases = [
+            (
+                "running, in time",
+                nm("Running", true),
+                minute,
+                59,
+                "Running",
+                "web-1",
+            ),
+            (
+                "running, past its timeout",
+                nm("Running", true),
+                minute,
+                60,
+                "Failed",
+                "PodDisruptionBudget ns/web",
+            ),
+            (
+                "no timeout: running",
+                nm("Running", true),
+                None,
+                3600,
+                "Running",
+                "web-1",
+            ),
+            (
+                "done after its timeout",
+                nm("Succeeded", false),
+                minute,
+                600,
+                "Succeeded",
+                "",
+            ),
+        ];
+        for (what, m, timeout, now, kind, named) in cases {
+            let got = maintenance_state(&m, timeout, t(now));
+            let (got_kind, message) = match &got {
+                Maintenance::Absent => ("Absent", ""),
+                Maintenance::Running(m) => ("Running", m.as_str()),
+                Maintenance::Succeeded => ("Succeeded", ""),
+                Maintenance::Failed(m) => ("Failed", m.as_str()),
+            };
+            assert_eq!(got_kind, kind, "{what}: {got:?}");
+            assert!(message.contains(named), "{what}: {message}");
+        }
+    }
 
     #[test]
     fn the_next_node_waits_out_post_complete_delay() {

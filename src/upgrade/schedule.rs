@@ -34,9 +34,15 @@ pub enum Maintenance {
     Running(String),
     /// Cordoned and drained.
     Succeeded,
-    /// The drain failed or timed out; the message names the blocker.
+    /// The drain failed or ran past the plan's drain timeout; the message
+    /// names the blocker.
     Failed(String),
 }
+
+/// How a failed drain's message starts. A drain that ran past its timeout
+/// goes on (the node stays cordoned, as with upstream's drain retried by
+/// its Job), so unlike a failed Job it holds only while the drain does.
+pub const DRAIN_FAILED: &str = "drain failed";
 
 /// The node's Job for the plan's current hash.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +74,9 @@ pub struct NodeFacts {
     pub maintenance: Maintenance,
     /// This plan's cordon is on it (cordon-only plans).
     pub cordoned_by_plan: bool,
+    /// Another owner holds it (a NodeMaintenance's or another plan's
+    /// record on the node): a cordon waits until they let go.
+    pub held_by: Option<String>,
     /// Its Job for the current hash.
     pub job: JobState,
     /// A Job of an earlier hash still runs on it.
@@ -181,9 +190,12 @@ fn decide(
     if !node.selected {
         return decision(Phase::Releasing, Step::Release, "no longer selected by the plan");
     }
-    // A failure holds until the plan changes (a new hash): the node stays
-    // cordoned for someone to look at, and the plan goes no further.
-    if let Some(r) = record.filter(|r| r.phase == Phase::Failed.as_str() && r.hash == hash) {
+    // A failed Job holds until the plan changes (a new hash): the node
+    // stays cordoned for someone to look at, and the plan goes no further.
+    // A failed drain holds while its maintenance says so.
+    if let Some(r) = record.filter(|r| {
+        r.phase == Phase::Failed.as_str() && r.hash == hash && !r.message.starts_with(DRAIN_FAILED)
+    }) {
         return decision(Phase::Failed, Step::Wait, r.message.clone());
     }
     if node.hash_label.as_deref() == Some(hash) {
@@ -208,9 +220,16 @@ fn prepare(prep: Prep, node: &NodeFacts) -> NodeDecision {
         (Prep::Drain, Maintenance::Absent) => decision(Phase::Draining, Step::Drain, "draining"),
         (Prep::Drain, Maintenance::Running(m)) => decision(Phase::Draining, Step::Wait, m.clone()),
         (Prep::Drain, Maintenance::Failed(m)) => {
-            decision(Phase::Failed, Step::Wait, format!("drain failed: {m}"))
+            decision(Phase::Failed, Step::Wait, format!("{DRAIN_FAILED}: {m}"))
         }
-        (Prep::Cordon, _) if !node.cordoned_by_plan => decision(Phase::Cordoning, Step::Cordon, "cordoning"),
+        (Prep::Cordon, _) if !node.cordoned_by_plan => match &node.held_by {
+            Some(owner) => decision(
+                Phase::Cordoning,
+                Step::Wait,
+                format!("waiting for {owner} to release the node"),
+            ),
+            None => decision(Phase::Cordoning, Step::Cordon, "cordoning"),
+        },
         _ => decision(Phase::Upgrading, Step::CreateJob, "starting its Job"),
     }
 }
@@ -344,6 +363,7 @@ mod tests {
             selected: true,
             maintenance: Maintenance::Absent,
             cordoned_by_plan: false,
+            held_by: None,
             job: JobState::Absent,
             earlier_job_running: false,
             remnants: true,
@@ -383,6 +403,10 @@ mod tests {
         };
         let failed = record(Phase::Failed, H, 0);
         let failed_old = record(Phase::Failed, "hash-1", 0);
+        let drain_failed = NodeUpgrade {
+            message: format!("{DRAIN_FAILED}: blocked by pod p (PodDisruptionBudget x)"),
+            ..record(Phase::Failed, H, 0)
+        };
         let labelled = record(Phase::WaitingReady, H, 100);
         let releasing = record(Phase::Releasing, H, 110);
         #[rustfmt::skip]
@@ -392,10 +416,13 @@ mod tests {
             ("drained: job", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), None, 0, Phase::Upgrading, Step::CreateJob),
             ("drain failed", Prep::Drain, with(&|n| n.maintenance = Maintenance::Failed("pdb x".into())), None, 0, Phase::Failed, Step::Wait),
             ("cordon first", Prep::Cordon, node(), None, 0, Phase::Cordoning, Step::Cordon),
+            ("held by another: wait", Prep::Cordon, with(&|n| n.held_by = Some("nodemaintenance.medik8s.io/x".into())), None, 0, Phase::Cordoning, Step::Wait),
             ("cordoned: job", Prep::Cordon, with(&|n| n.cordoned_by_plan = true), None, 0, Phase::Upgrading, Step::CreateJob),
             ("no prep: job", Prep::Nothing, node(), None, 0, Phase::Upgrading, Step::CreateJob),
             ("job runs", Prep::Drain, with(&|n| n.job = JobState::Running), None, 0, Phase::Upgrading, Step::Wait),
             ("job failed", Prep::Drain, with(&|n| n.job = JobState::Failed("x".into())), None, 0, Phase::Failed, Step::Wait),
+            ("a drain failure lasts while the drain fails", Prep::Drain, with(&|n| n.maintenance = Maintenance::Failed("pdb x".into())), Some(&drain_failed), 0, Phase::Failed, Step::Wait),
+            ("a drain that failed and then finished goes on", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&drain_failed), 0, Phase::Upgrading, Step::CreateJob),
             ("failure holds though the job is gone", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&failed), 0, Phase::Failed, Step::Wait),
             ("a new hash retries", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&failed_old), 0, Phase::Upgrading, Step::CreateJob),
             ("earlier job first", Prep::Drain, with(&|n| n.earlier_job_running = true), None, 0, Phase::Upgrading, Step::Wait),
