@@ -19,7 +19,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, PropagationPolicy,
+};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 
@@ -181,8 +183,7 @@ impl Reconciler for PlanReconciler {
             return Ok(Action::Done);
         };
         if plan.metadata.deletion_timestamp.is_some() {
-            self.finalize(&plan).await?;
-            return Ok(Action::Done);
+            return self.finalize(&plan).await;
         }
         if !plan.finalizers().iter().any(|f| f == FINALIZER) {
             // The update brings the plan back through the watch.
@@ -1206,10 +1207,15 @@ impl PlanReconciler {
     }
 
     /// A deleted plan: release every node it touched (those it lists, and
-    /// any that still carry its cordon record or NodeMaintenance), then let go.
-    async fn finalize(&self, plan: &Plan) -> Result<()> {
+    /// any that still carry its cordon record or NodeMaintenance), then let
+    /// go — only once its NodeMaintenances are gone, not just asked to go:
+    /// a plan created again under the same name would otherwise start new
+    /// nodes while the old drains still hold theirs (more nodes out than
+    /// its concurrency; the storms' seed 7). A maintenance's deletion wakes
+    /// the plan (its labels name it).
+    async fn finalize(&self, plan: &Plan) -> Result<Action> {
         if !plan.finalizers().iter().any(|f| f == FINALIZER) {
-            return Ok(());
+            return Ok(Action::Done);
         }
         self.ctx
             .metrics
@@ -1237,6 +1243,27 @@ impl PlanReconciler {
             self.release(plan, node).await?;
         }
         self.delete_jobs(plan).await?;
+        // One fresh list by the plan's labels (what its maintenances carry;
+        // the role may list them, not get them).
+        let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.ctx.client.clone());
+        let of_plan = format!(
+            "{}={},{}={}",
+            labels::PLAN,
+            plan.name_any(),
+            labels::PLAN_NAMESPACE,
+            plan.namespace().unwrap_or_default()
+        );
+        let left: Vec<String> = maintenances
+            .list(&ListParams::default().labels(&of_plan))
+            .await?
+            .items
+            .into_iter()
+            .map(|m| m.spec.node_name)
+            .collect();
+        if !left.is_empty() {
+            tracing::debug!(plan = %plan.key(), nodes = ?left, "waiting for the plan's maintenances to be gone");
+            return Ok(Action::RequeueAfter(Duration::from_secs(2)));
+        }
         let finalizers: Vec<String> = plan
             .finalizers()
             .iter()
@@ -1251,8 +1278,8 @@ impl PlanReconciler {
             .patch(&plan.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Ok(_) => Ok(Action::Done),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::Done),
             Err(e) => Err(e.into()),
         }
     }
