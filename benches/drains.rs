@@ -146,6 +146,8 @@ fn main() {
 
 async fn run(many: usize) {
     let env = TestEnv::new("drains").await;
+    // Its own control plane may be fresh: the CRDs go in first.
+    support::install_crds(&env.client).await;
     let nodes = env
         .create_kwok_nodes(many + SPARE_NODES, &[("bench", "drains")])
         .await;

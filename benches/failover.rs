@@ -135,6 +135,8 @@ fn main() {
 
 async fn run(full: bool) {
     let env = TestEnv::new("failover").await;
+    // Its own control plane may be fresh: the CRDs go in first.
+    support::install_crds(&env.client).await;
     let nodes = env.create_kwok_nodes(1, &[]).await;
     let nm: NodeMaintenance = serde_json::from_value(json!({
         "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
