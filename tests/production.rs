@@ -100,14 +100,15 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
                 let (next, took) = wait_for_new_leader(&leases, &lease_name, &leader, killed).await;
                 replicas.lock().await.restart(&leader);
                 println!("SIGKILL of leader {leader}: {next} took over after {took:?}");
-                failovers.push(took);
+                failovers.push((leader, took));
             }
             failovers
         })
     };
 
     let took = roll(&r, "img-2", 2).await;
-    let failovers = killer.await.expect("the killer task");
+    let (killed, failovers): (BTreeSet<String>, Vec<Duration>) =
+        killer.await.expect("the killer task").into_iter().unzip();
     assert_no_leak(&r).await;
     wait_none_left::<nodewarden::api::node_maintenance::medik8s::NodeMaintenance>(env).await;
     wait_none_left::<PendingNode>(env).await;
@@ -298,9 +299,15 @@ async fn three_replicas_as_the_service_account_survive_two_leader_kills_with_one
             crossed.push((node.clone(), instances.clone(), missing.clone()));
         }
         // A replica killed between a phase and its flush may take that one
-        // phase with it; anything else must be complete.
+        // phase with it; anything else must be complete. The last phase,
+        // "delete node", is flushed right after the deletion, but a replica
+        // SIGKILLed within those milliseconds takes it along and no other
+        // replica has anything left to send.
+        let last_lost_to_a_kill = missing == ["delete node"]
+            && instances.len() == 1
+            && instances.iter().all(|i| killed.contains(i.as_str()));
         assert!(
-            missing.is_empty() || instances.len() > 1,
+            missing.is_empty() || instances.len() > 1 || last_lost_to_a_kill,
             "{node}: phases missing {missing:?} (spans {ops:?}, from {instances:?})"
         );
         assert_eq!(

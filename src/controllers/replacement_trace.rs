@@ -176,7 +176,10 @@ pub async fn trace_replacement(
     trace::flush(TRACE_FLUSH_TIMEOUT).await;
 }
 
-/// The old Node is deleted: the "delete node" phase, and the log line.
+/// The old Node is deleted: the "delete node" phase, and the log line. The
+/// phase is the trace's last and no other replica could send it, so it is
+/// flushed at once (in the background: the reconcile does not wait), leaving
+/// only the milliseconds until the export to a replica killed right after.
 pub fn trace_node_deleted(
     r: &FinishedReplacement<'_>,
     (tp, started): &(TraceParent, Option<SystemTime>),
@@ -188,6 +191,7 @@ pub fn trace_node_deleted(
         tp,
         SpanRecord::new("delete node", deleting, now).attr("k8s.node.name", name.clone()),
     );
+    tokio::spawn(trace::flush(TRACE_FLUSH_TIMEOUT));
     tracing::info!(
         trace_id = %tp.trace_id,
         node = %name,
