@@ -52,6 +52,9 @@ use crate::telemetry::trace::{
     self, ROLLOUT_TRACEPARENT_ANNOTATION, TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent,
 };
 
+/// Steps of one rollout pass carried out at once (see `carry_out_all`).
+const STEPS_AT_ONCE: usize = 16;
+
 /// On a Node: the ID of its scaling group (Constellation's).
 pub const GROUP_ANNOTATION: &str = "constellation.edgeless.systems/scaling-group-id";
 /// On a Node: the image its instance runs (Constellation's).
@@ -500,10 +503,7 @@ impl NodeVersionReconciler {
         let steps = rollout::plan(&facts);
         let counts = rollout::counts(&facts);
         let rollout_trace = self.trace_rollout(nv, &counts).await?;
-        for step in &steps {
-            tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
-            self.carry_out(nv, step, &scope, rollout_trace).await?;
-        }
+        self.carry_out_all(nv, &steps, &scope, rollout_trace).await?;
         self.record_metrics(nv, &counts, !steps.is_empty());
         self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
         let problems = Problems {
@@ -743,6 +743,30 @@ impl NodeVersionReconciler {
         Ok(())
     }
 
+    /// Carries out a pass's steps side by side. The planner gives a node at
+    /// most one step, so steps touch distinct nodes; run one after another,
+    /// a pass at a high surge spent seconds on the API and cloud round trips
+    /// of every retirement before the first pairing. Every step runs even
+    /// when another fails (a conflict on one node holds up no other); the
+    /// first error fails the pass, which is retried.
+    async fn carry_out_all(
+        &self,
+        nv: &NodeVersion,
+        steps: &[Step],
+        scope: &Scope,
+        rollout_trace: Option<TraceParent>,
+    ) -> Result<()> {
+        let nv_name = nv.name_any();
+        let at_once = &tokio::sync::Semaphore::new(STEPS_AT_ONCE);
+        let nv_name = &nv_name;
+        let steps = steps.iter().map(|step| async move {
+            let _turn = at_once.acquire().await;
+            tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
+            self.carry_out(nv, step, scope, rollout_trace).await
+        });
+        futures::future::join_all(steps).await.into_iter().collect()
+    }
+
     /// Carries out one planned step: one small function per kind of step.
     async fn carry_out(
         &self,
@@ -774,10 +798,11 @@ impl NodeVersionReconciler {
                             .unwrap_or(SignedDuration::from_secs(1800)),
                     )
                     .unwrap_or(Timestamp::now());
-                for _ in 0..count {
-                    self.create_instance(nv, group, deadline, rollout_trace).await?;
-                }
-                Ok(())
+                // Side by side too; none is cancelled by another's failure
+                // (an interrupted create would be finished by the
+                // PendingNode controller, but need not be).
+                let creates = (0..count).map(|_| self.create_instance(nv, group, deadline, rollout_trace));
+                futures::future::join_all(creates).await.into_iter().collect()
             }
         }
     }
