@@ -316,9 +316,10 @@ impl PlanReconciler {
         if !released.is_empty() {
             status.last_completion_time = Some(Time(now));
         }
+        let label = node_label(&plan.name_any());
         let upgraded = selected
             .iter()
-            .filter(|n| hash_label(plan, n).as_deref() == Some(target.hash.as_str()))
+            .filter(|n| hash_label_of(&label, n) == Some(target.hash.as_str()))
             .count();
         let counts = node_counts(plan, &selected, &status, &target.hash);
         let selected = selected.len();
@@ -370,10 +371,11 @@ impl PlanReconciler {
             return (Vec::new(), Some("concurrency is 0: the plan is paused".into()));
         }
         let applying: BTreeSet<&str> = kept.iter().map(|a| a.name.as_str()).collect();
+        let label = node_label(&plan.name_any());
         let candidates: Vec<Candidate> = selected
             .iter()
-            .filter(|n| !applying.contains(n.name_any().as_str()))
-            .filter(|n| schedule::is_due(hash_label(plan, n).as_deref(), &target.hash))
+            .filter(|n| !applying.contains(name_of(n)))
+            .filter(|n| schedule::is_due(hash_label_of(&label, n), &target.hash))
             .map(|n| Candidate {
                 name: n.name_any(),
                 uid: n.metadata.uid.clone().unwrap_or_default(),
@@ -523,7 +525,19 @@ fn selects(plan: &Plan, node: &Node) -> bool {
 }
 
 fn hash_label(plan: &Plan, node: &Node) -> Option<String> {
-    node.labels().get(&node_label(&plan.name_any())).cloned()
+    hash_label_of(&node_label(&plan.name_any()), node).map(str::to_string)
+}
+
+/// The plan's hash label on `node`, by the label's key made once: a pass
+/// looks at every selected node, and at thousands of nodes making the key
+/// (and copying the value) for each was most of a reconcile's time.
+fn hash_label_of<'a>(key: &str, node: &'a Node) -> Option<&'a str> {
+    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// A node's name without a copy.
+fn name_of(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or_default()
 }
 
 fn ready_since(node: &Node) -> Option<Timestamp> {
@@ -723,7 +737,9 @@ fn node_counts(
     hash: &str,
 ) -> HashMap<PlanNodeState, usize> {
     let mut counts = HashMap::new();
-    for r in status.nodes.iter().filter(|r| status.applying.contains(&r.name)) {
+    let applying: BTreeSet<&str> = status.applying.iter().map(String::as_str).collect();
+    let label = node_label(&plan.name_any());
+    for r in status.nodes.iter().filter(|r| applying.contains(r.name.as_str())) {
         let state = match r.phase == Phase::Failed.as_str() {
             true => PlanNodeState::Failed,
             false => PlanNodeState::Applying,
@@ -731,10 +747,10 @@ fn node_counts(
         *counts.entry(state).or_insert(0) += 1;
     }
     for n in selected {
-        if status.applying.contains(&n.name_any()) {
+        if applying.contains(name_of(n)) {
             continue;
         }
-        let state = match hash_label(plan, n).as_deref() == Some(hash) {
+        let state = match hash_label_of(&label, n) == Some(hash) {
             true => PlanNodeState::Upgraded,
             false => PlanNodeState::Due,
         };
