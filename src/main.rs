@@ -162,7 +162,22 @@ struct RunArgs {
     kubeconfig: Option<std::path::PathBuf>,
 }
 
+/// One malloc arena in glibc builds. glibc gives threads arenas of their own
+/// and each keeps the pages freed after a list of thousands of Nodes: at
+/// 5,000 Nodes a standby held 73 MB RSS with the default and 62 MB with one
+/// arena (README, Performance). The threads are few, so one arena's lock
+/// costs little. musl (the image) has no arenas.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt takes two integers; it runs before any other thread.
+    unsafe {
+        // Best effort: a C library that refuses keeps its default.
+        let _ = libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    one_malloc_arena();
     let cli = Cli::parse();
     match cli.command {
         Command::Run(mut args) => {
