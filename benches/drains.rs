@@ -17,11 +17,16 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::runtime::watcher;
 use serde_json::json;
 use support::nmo::{Nmo, maintenances, release_peer_finalizers};
 use support::plans::create_pdb;
@@ -125,14 +130,186 @@ async fn reset(env: &TestEnv, nodes: &[String]) {
     .await;
 }
 
-/// One drain, then `many` at once; both times.
+/// One drain, then `many` at once; both times. The round of `many` is
+/// recorded (evictions and budgets) to say where its time went.
 async fn rounds(env: &TestEnv, operator: Operator, nodes: &[String], many: usize) -> (Duration, Duration) {
     let one = drain(env, &format!("{operator:?}-one").to_lowercase(), &nodes[..1]).await;
     reset(env, nodes).await;
+    let recorder = Recorder::start(env).await;
     let all = drain(env, &format!("{operator:?}-many").to_lowercase(), &nodes[..many]).await;
+    let seen = recorder.stop();
     reset(env, nodes).await;
     println!("drains: {operator:?}: 1 drain {one:.2?}, {many} at once {all:.2?}");
+    println!(
+        "drains: {operator:?}: {many} at once: {}",
+        WhereTimeWent::of(&seen).describe()
+    );
     (one, all)
+}
+
+/// What happened during a round, by app (each app has one Deployment and
+/// one budget of the same name).
+#[derive(Clone, Debug)]
+enum Seen {
+    /// A pod of the app began terminating (evicted).
+    Evicted { app: String, at: Duration },
+    /// The app's budget went from allowing no disruption to allowing one.
+    Allowed { app: String, at: Duration },
+}
+
+/// Watches the namespace's pods and budgets while a round runs.
+struct Recorder {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Recorder {
+    /// Starts both watches and returns once each has listed.
+    async fn start(env: &TestEnv) -> Recorder {
+        let started = Instant::now();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(2);
+        let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.namespace);
+        let pod_task = {
+            let (seen, ready) = (seen.clone(), ready_tx.clone());
+            tokio::spawn(async move {
+                let mut terminating = BTreeSet::new();
+                let mut events = std::pin::pin!(watcher(pods, watcher::Config::default()));
+                while let Some(event) = events.next().await {
+                    let pod = match event {
+                        Ok(watcher::Event::InitDone) => {
+                            let _ = ready.send(()).await;
+                            continue;
+                        }
+                        Ok(
+                            watcher::Event::Apply(p)
+                            | watcher::Event::InitApply(p)
+                            | watcher::Event::Delete(p),
+                        ) => p,
+                        _ => continue,
+                    };
+                    let app = pod.labels().get("app").cloned().unwrap_or_default();
+                    if pod.metadata.deletion_timestamp.is_some()
+                        && terminating.insert(pod.uid().unwrap_or_default())
+                    {
+                        let at = started.elapsed();
+                        seen.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(Seen::Evicted { app, at });
+                    }
+                }
+            })
+        };
+        let pdb_task = {
+            let (seen, ready) = (seen.clone(), ready_tx);
+            tokio::spawn(async move {
+                let mut allowed: BTreeMap<String, i32> = BTreeMap::new();
+                let mut events = std::pin::pin!(watcher(pdbs, watcher::Config::default()));
+                while let Some(event) = events.next().await {
+                    let pdb = match event {
+                        Ok(watcher::Event::InitDone) => {
+                            let _ = ready.send(()).await;
+                            continue;
+                        }
+                        Ok(watcher::Event::Apply(b) | watcher::Event::InitApply(b)) => b,
+                        _ => continue,
+                    };
+                    let now = pdb
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.disruptions_allowed)
+                        .unwrap_or(0);
+                    let before = allowed.insert(pdb.name_any(), now);
+                    if now > 0 && before == Some(0) {
+                        let at = started.elapsed();
+                        let app = pdb.name_any();
+                        seen.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(Seen::Allowed { app, at });
+                    }
+                }
+            })
+        };
+        for _ in 0..2 {
+            let _ = ready_rx.recv().await;
+        }
+        Recorder {
+            seen,
+            tasks: vec![pod_task, pdb_task],
+        }
+    }
+
+    fn stop(self) -> Vec<Seen> {
+        for t in &self.tasks {
+            t.abort();
+        }
+        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Where a round's time went: for every eviction that had to wait for its
+/// budget, how long the cluster took to allow it again after the app's
+/// previous eviction (the ReplicaSet's new pod created, scheduled, Ready,
+/// the budget recounted), and how long the operator then took to evict.
+#[derive(Debug, Default, PartialEq)]
+struct WhereTimeWent {
+    evictions: usize,
+    /// Per waiting eviction: (cluster's share, operator's share).
+    waited: Vec<(Duration, Duration)>,
+    last_eviction: Duration,
+}
+
+impl WhereTimeWent {
+    fn of(seen: &[Seen]) -> WhereTimeWent {
+        let mut by_app: BTreeMap<&str, Vec<&Seen>> = BTreeMap::new();
+        for s in seen {
+            let (Seen::Evicted { app, .. } | Seen::Allowed { app, .. }) = s;
+            by_app.entry(app.as_str()).or_default().push(s);
+        }
+        let mut out = WhereTimeWent::default();
+        for events in by_app.values_mut() {
+            events.sort_by_key(|s| match s {
+                Seen::Evicted { at, .. } | Seen::Allowed { at, .. } => *at,
+            });
+            let (mut previous_eviction, mut allowed) = (None, None);
+            for s in events.iter() {
+                match **s {
+                    Seen::Allowed { at, .. } => allowed = Some(at),
+                    Seen::Evicted { at, .. } => {
+                        out.evictions += 1;
+                        out.last_eviction = out.last_eviction.max(at);
+                        if let (Some(previous), Some(allowed)) = (previous_eviction, allowed)
+                            && allowed > previous
+                        {
+                            out.waited.push((allowed - previous, at - allowed));
+                        }
+                        previous_eviction = Some(at);
+                        allowed = None;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn describe(&self) -> String {
+        let stats = |mut v: Vec<Duration>| {
+            v.sort();
+            match (v.get(v.len() / 2), v.last()) {
+                (Some(median), Some(max)) => format!("median {median:.2?}, max {max:.2?}"),
+                _ => "none".to_string(),
+            }
+        };
+        format!(
+            "{} evictions, the last {:.2?} after the maintenances were created; {} waited for a budget: the cluster allowed each {} after the app's previous eviction, and the operator evicted {} after it was allowed",
+            self.evictions,
+            self.last_eviction,
+            self.waited.len(),
+            stats(self.waited.iter().map(|w| w.0).collect()),
+            stats(self.waited.iter().map(|w| w.1).collect()),
+        )
+    }
 }
 
 fn main() {
