@@ -23,6 +23,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -60,6 +61,34 @@ struct Timed {
     took: Duration,
     ideal: Duration,
     peak_surge: usize,
+    /// Calls to the cloud during the rollout, by operation, per replaced node.
+    cloud_calls_per_node: BTreeMap<&'static str, f64>,
+}
+
+/// Every call to the cloud the replicas made so far, by operation (their
+/// `/metrics`): the cloud's call budget is shared by every controller, and a
+/// rollout at a high surge spends it.
+async fn cloud_calls(replicas: &Replicas) -> BTreeMap<&'static str, f64> {
+    const OPERATIONS: [&str; 8] = [
+        "create_node",
+        "delete_node",
+        "node_state",
+        "node_image",
+        "node_group",
+        "group_image",
+        "set_group_image",
+        "list_groups",
+    ];
+    let texts = replicas.scrape().await.unwrap_or_default();
+    OPERATIONS
+        .into_iter()
+        .map(|op| {
+            let series = format!(
+                "nodewarden_cloud_request_duration_seconds_count{{provider=\"sim\",operation=\"{op}\"}}"
+            );
+            (op, texts.values().filter_map(|t| metric_value(t, &series)).sum())
+        })
+        .collect()
 }
 
 impl Timed {
@@ -171,7 +200,19 @@ async fn run(scenario: Scenario, command: &str) {
         let checker = Checker::start_with_sim(&env, scenario.nodes, surge, &sim.sim.provider);
         let image = format!("img-{}", i + 1);
         let began = now_micros();
+        let calls_before = cloud_calls(&replicas).await;
         let took = roll_nodes(&env, scenario.nodes, &image, Some(surge)).await;
+        let calls = cloud_calls(&replicas).await;
+        let per_node: BTreeMap<&str, f64> = calls
+            .iter()
+            .map(|(op, n)| {
+                (
+                    *op,
+                    (n - calls_before.get(op).copied().unwrap_or(0.0)) / scenario.nodes as f64,
+                )
+            })
+            .filter(|(_, n)| *n > 0.0)
+            .collect();
         let peak_surge = checker.peak_surge();
         let breaches = checker.finish().await;
         assert!(
@@ -184,7 +225,17 @@ async fn run(scenario: Scenario, command: &str) {
             took,
             ideal: scenario.ideal(surge),
             peak_surge,
+            cloud_calls_per_node: per_node,
         };
+        println!(
+            "rollout: maxSurge {surge}: cloud calls per replaced node: {:.1} ({})",
+            t.cloud_calls_per_node.values().sum::<f64>(),
+            t.cloud_calls_per_node
+                .iter()
+                .map(|(op, n)| format!("{op} {n:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         println!(
             "rollout: {} nodes at maxSurge {surge}: {:.1} s, ideal {:.1} s ({} waves of boot {:?} + join {:?}): {:.3} × ideal, {:.0} ms overhead per wave; most nodes in flight at once {}",
             scenario.nodes,
@@ -213,6 +264,7 @@ async fn run(scenario: Scenario, command: &str) {
                 "ratio_to_ideal": t.ratio(),
                 "overhead_per_wave_seconds": t.overhead_per_wave(&scenario).as_secs_f64(),
                 "peak_surge_seen": t.peak_surge,
+                "cloud_calls_per_node": t.cloud_calls_per_node,
             })
         })
         .collect();
