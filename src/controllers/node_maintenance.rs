@@ -749,7 +749,12 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
                 Ok(())
             }
             Ok(None) => Ok(()),
-            Err(e) => Err(Error::InvalidObject {
+            // Another maintenance took the node between the stores' view and
+            // this read (two created at once, each first by the other's
+            // missing claim): retried, so the next decision sees that claim
+            // hold the node and reports this one as a duplicate. Waiting for
+            // a change instead left it without a status (seeded random specs).
+            Err(e) => Err(Error::Changed {
                 kind: "Node",
                 name: node_name.to_string(),
                 reason: e.to_string(),
