@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nodewarden::api::plan::Plan;
 use serde_json::{Value, json};
 use support::plans::*;
@@ -807,6 +807,93 @@ async fn a_node_leaving_the_selector_mid_way_is_released_and_its_job_deleted() {
         "never labelled upgraded"
     );
     delete_plan_and_wait(&env, &env.namespace, "leaving").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// The plan's progress, as `upgraded/selected`.
+async fn progress(env: &TestEnv, plan: &str) -> Option<String> {
+    plans(env, &env.namespace).get(plan).await.ok()?.status?.progress
+}
+
+async fn wait_progress(env: &TestEnv, plan: &str, want: &str) {
+    wait_for(&format!("progress {want}"), TIMEOUT, || async {
+        match progress(env, plan).await {
+            Some(p) if p == want => Probe::Done(()),
+            p => Probe::NotYet(format!("progress {p:?}")),
+        }
+    })
+    .await;
+}
+
+// A pass keeps a tally of the selected nodes and updates it from the nodes
+// that changed: every kind of change must reach it.
+#[tokio::test]
+async fn progress_follows_nodes_joining_leaving_upgraded_and_deleted() {
+    let env = TestEnv::new("plan-tally").await;
+    let pool = format!("tally-{}", env.id);
+    let nodes = env.create_kwok_nodes(3, &[("pool", pool.as_str())]).await;
+    let operator = env.start_operator(Default::default()).await;
+    // Paused: only the tally moves the progress.
+    let spec = json!({
+        "version": "v2", "concurrency": 0,
+        "nodeSelector": {"matchLabels": {"pool": pool}},
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    create_plan(&env, "tally", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    wait_progress(&env, "tally", "0/3").await;
+    let hash = plans(&env, &env.namespace)
+        .get("tally")
+        .await
+        .expect("the plan")
+        .status
+        .and_then(|s| s.latest_hash)
+        .expect("a resolved hash");
+    let label = |node: &str, key: &str, value: serde_json::Value| {
+        let env = &env;
+        let (node, key) = (node.to_string(), key.to_string());
+        async move {
+            Api::<Node>::all(env.client.clone())
+                .patch(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"metadata": {"labels": {key: value}}})),
+                )
+                .await
+                .expect("labelling a node");
+        }
+    };
+    let hash_label = nodewarden::api::plan::node_label("tally");
+    // Someone else labels a node upgraded to the plan's target.
+    label(&nodes[0], &hash_label, json!(hash)).await;
+    wait_progress(&env, "tally", "1/3").await;
+    // A node leaves the selector.
+    label(&nodes[1], "pool", json!(null)).await;
+    wait_progress(&env, "tally", "1/2").await;
+    // A new node joins it.
+    let joined = env.create_kwok_nodes(1, &[("pool", pool.as_str())]).await;
+    wait_progress(&env, "tally", "1/3").await;
+    // The upgraded node is deleted.
+    Api::<Node>::all(env.client.clone())
+        .delete(&nodes[0], &DeleteParams::default())
+        .await
+        .expect("deleting a node");
+    wait_progress(&env, "tally", "0/2").await;
+    // The node that left comes back, already on an older hash.
+    label(&nodes[1], &hash_label, json!("older")).await;
+    label(&nodes[1], "pool", json!(pool)).await;
+    wait_progress(&env, "tally", "0/3").await;
+    // A new selector (a new generation) counts every node anew.
+    patch_plan(
+        &env,
+        "tally",
+        json!({"nodeSelector": {"matchLabels": {"pool": pool, "kubernetes.io/hostname": joined[0]}}}),
+    )
+    .await;
+    wait_progress(&env, "tally", "0/1").await;
+    delete_plan_and_wait(&env, &env.namespace, "tally").await;
     operator.stop().await;
     env.cleanup().await;
 }

@@ -10,6 +10,7 @@
 //! recorded change when only `cordon` is asked, and released — exactly what
 //! the plan did undone — once it is upgraded and Ready again.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -47,6 +48,7 @@ use crate::upgrade::job::{
 use crate::upgrade::schedule::{
     self, Candidate, JobState, Maintenance, NodeDecision, NodeFacts, Phase, Prep, Step,
 };
+use crate::upgrade::tally::{Basis, ChangedNodes, Mark, Tally};
 use crate::upgrade::window::Window;
 use crate::upgrade::{channel, hash, labels, safe_concat_name};
 
@@ -97,10 +99,15 @@ pub fn register(manager: &mut Manager, app: &App) {
     };
     let mut c = manager.controller::<Plan>("plan", &plans_source);
     let plans = c.store();
-    // Few plans, many nodes: a node change that matters looks at every plan.
+    // Few plans, many nodes: a node change that matters looks at every
+    // plan, and is noted for each so its pass looks at that node alone.
     let all_plans = plans.clone();
-    c.watches(&app.nodes, super::node_changed(), move |_: &Node| {
-        all_plans.keys()
+    let changed_nodes = Arc::new(ChangedNodes::default());
+    let noted = changed_nodes.clone();
+    c.watches(&app.nodes, super::node_changed(), move |node: &Node| {
+        let keys = all_plans.keys();
+        noted.note(name_of(node), keys.iter().map(Key::untyped));
+        keys
     });
     c.watches(&jobs_source, always(), |job: &Job| {
         plan_of(&job.metadata).into_iter().collect()
@@ -123,11 +130,18 @@ pub fn register(manager: &mut Manager, app: &App) {
             nodes,
             jobs,
             maintenances,
+            changed_nodes,
+            tallies: Mutex::default(),
             channels: Mutex::default(),
             exclusive: tokio::sync::Mutex::new(()),
             exclusive_applying: Mutex::default(),
         }),
     });
+}
+
+/// A plan's key in the store (and in the tallies).
+fn plan_key(plan: &Plan) -> ObjectKey {
+    ObjectKey::new(plan.namespace().as_deref(), &plan.name_any())
 }
 
 /// The Plan a Job or NodeMaintenance belongs to, from its labels.
@@ -151,6 +165,10 @@ struct PlanContext {
     nodes: Store<Node>,
     jobs: Store<Job>,
     maintenances: Store<medik8s::NodeMaintenance>,
+    /// The nodes that changed since each plan's last pass.
+    changed_nodes: Arc<ChangedNodes<ObjectKey>>,
+    /// Per plan: what its last pass knew of the nodes it selects.
+    tallies: Mutex<HashMap<ObjectKey, Tally>>,
     /// Per plan: its channel's last answer.
     channels: Mutex<HashMap<String, ChannelAnswer>>,
     /// Exclusive plans start nodes one plan at a time.
@@ -180,6 +198,7 @@ impl Reconciler for PlanReconciler {
             self.ctx
                 .metrics
                 .forget_plan(k.namespace.as_deref().unwrap_or_default(), &k.name);
+            self.forget_tally(k);
             return Ok(Action::Done);
         };
         if plan.metadata.deletion_timestamp.is_some() {
@@ -303,26 +322,24 @@ impl PlanReconciler {
             true => Some(self.ctx.exclusive.lock().await),
             false => None,
         };
-        let selected = self.selected_nodes(plan);
-        let (chosen, blocked) = self.choose(plan, &status, &kept, &selected, target, now);
         let old = status.clone();
-        status.applying = kept
-            .iter()
-            .map(|a| a.name.clone())
-            .chain(chosen.iter().cloned())
-            .collect();
-        status.applying.sort();
+        let (chosen, blocked, upgraded, selected, counts) = {
+            let mut tallies = self.ctx.tallies.lock().unwrap_or_else(|e| e.into_inner());
+            let tally = self.tally(&mut tallies, plan, &target.hash);
+            let (chosen, blocked) = self.choose(plan, &status, &kept, tally, target, now);
+            status.applying = kept
+                .iter()
+                .map(|a| a.name.clone())
+                .chain(chosen.iter().cloned())
+                .collect();
+            status.applying.sort();
+            let counts = node_counts(&status, tally);
+            (chosen, blocked, tally.upgraded(), tally.selected(), counts)
+        };
         status.nodes = records(&old, &kept, &chosen, prep_of(plan), &target.hash, now);
         if !released.is_empty() {
             status.last_completion_time = Some(Time(now));
         }
-        let label = node_label(&plan.name_any());
-        let upgraded = selected
-            .iter()
-            .filter(|n| hash_label_of(&label, n) == Some(target.hash.as_str()))
-            .count();
-        let counts = node_counts(plan, &selected, &status, &target.hash);
-        let selected = selected.len();
         status.progress = Some(format!("{upgraded}/{selected}"));
         complete_condition(
             &mut status,
@@ -351,7 +368,7 @@ impl PlanReconciler {
         plan: &Plan,
         status: &PlanStatus,
         kept: &[&Applying],
-        selected: &[Arc<Node>],
+        tally: &Tally,
         target: &Target,
         now: Timestamp,
     ) -> (Vec<String>, Option<String>) {
@@ -370,16 +387,18 @@ impl PlanReconciler {
         if concurrency == 0 {
             return (Vec::new(), Some("concurrency is 0: the plan is paused".into()));
         }
+        if kept.len() >= concurrency {
+            return (Vec::new(), None);
+        }
         let applying: BTreeSet<&str> = kept.iter().map(|a| a.name.as_str()).collect();
-        let label = node_label(&plan.name_any());
-        let candidates: Vec<Candidate> = selected
-            .iter()
-            .filter(|n| !applying.contains(name_of(n)))
-            .filter(|n| schedule::is_due(hash_label_of(&label, n), &target.hash))
+        let candidates: Vec<Candidate> = tally
+            .due()
+            .filter(|name| !applying.contains(name))
+            .filter_map(|name| self.ctx.nodes.get(&ObjectKey::cluster(name)))
             .map(|n| Candidate {
                 name: n.name_any(),
                 uid: n.metadata.uid.clone().unwrap_or_default(),
-                ready: node_is_ready(n),
+                ready: node_is_ready(&n),
             })
             .collect();
         let uid = plan.metadata.uid.clone().unwrap_or_default();
@@ -430,14 +449,64 @@ impl PlanReconciler {
         }
     }
 
-    /// The nodes the plan's selector picks (that have a hostname to pin a Job to).
-    fn selected_nodes(&self, plan: &Plan) -> Vec<Arc<Node>> {
+    /// The plan's tally of the nodes it selects (that have a hostname to
+    /// pin a Job to), brought up to date: from the nodes that changed since
+    /// its last pass, or from every node when the target, the selector or
+    /// the plan itself is new (or this is its first pass here).
+    fn tally<'t>(&self, tallies: &'t mut HashMap<ObjectKey, Tally>, plan: &Plan, hash: &str) -> &'t Tally {
+        let key = plan_key(plan);
+        let basis = Basis {
+            plan_uid: plan.metadata.uid.clone().unwrap_or_default(),
+            generation: plan.metadata.generation,
+            hash: hash.to_string(),
+        };
+        // Taken before the cache is read: a change after this is noted again.
+        let changed = self.ctx.changed_nodes.take(&key);
+        let label = node_label(&plan.name_any());
+        let mark = |node: &Node| {
+            selects(plan, node).then(|| {
+                let value = hash_label_of(&label, node);
+                Mark {
+                    upgraded: value == Some(hash),
+                    due: schedule::is_due(value, hash),
+                }
+            })
+        };
+        match tallies.entry(key) {
+            Entry::Occupied(e) if e.get().basis() == &basis => {
+                let tally = e.into_mut();
+                for name in changed {
+                    let node = self.ctx.nodes.get(&ObjectKey::cluster(&name));
+                    tally.set(&name, node.as_deref().and_then(mark));
+                }
+                tally
+            }
+            e => {
+                let mut tally = Tally::new(basis);
+                for node in self.ctx.nodes.list() {
+                    if let Some(m) = mark(&node) {
+                        tally.set(name_of(&node), Some(m));
+                    }
+                }
+                match e {
+                    Entry::Occupied(mut e) => {
+                        e.insert(tally);
+                        e.into_mut()
+                    }
+                    Entry::Vacant(e) => e.insert(tally),
+                }
+            }
+        }
+    }
+
+    /// A deleted plan's tally and notes go with it.
+    fn forget_tally(&self, key: &ObjectKey) {
+        self.ctx.changed_nodes.take(key);
         self.ctx
-            .nodes
-            .list()
-            .into_iter()
-            .filter(|n| selects(plan, n))
-            .collect()
+            .tallies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
     }
 
     /// What the cluster shows about one applying node.
@@ -730,15 +799,9 @@ fn complete_condition(
 
 /// The selected nodes by state: applying (or failed) as `status` lists
 /// them, else upgraded or due by their hash label.
-fn node_counts(
-    plan: &Plan,
-    selected: &[Arc<Node>],
-    status: &PlanStatus,
-    hash: &str,
-) -> HashMap<PlanNodeState, usize> {
+fn node_counts(status: &PlanStatus, tally: &Tally) -> HashMap<PlanNodeState, usize> {
     let mut counts = HashMap::new();
     let applying: BTreeSet<&str> = status.applying.iter().map(String::as_str).collect();
-    let label = node_label(&plan.name_any());
     for r in status.nodes.iter().filter(|r| applying.contains(r.name.as_str())) {
         let state = match r.phase == Phase::Failed.as_str() {
             true => PlanNodeState::Failed,
@@ -746,16 +809,16 @@ fn node_counts(
         };
         *counts.entry(state).or_insert(0) += 1;
     }
-    for n in selected {
-        if applying.contains(name_of(n)) {
-            continue;
+    // The rest of the selected nodes: upgraded or due, applying ones aside.
+    let (mut upgraded, mut due) = (tally.upgraded(), tally.selected() - tally.upgraded());
+    for mark in applying.iter().filter_map(|name| tally.get(name)) {
+        match mark.upgraded {
+            true => upgraded -= 1,
+            false => due -= 1,
         }
-        let state = match hash_label_of(&label, n) == Some(hash) {
-            true => PlanNodeState::Upgraded,
-            false => PlanNodeState::Due,
-        };
-        *counts.entry(state).or_insert(0) += 1;
     }
+    counts.insert(PlanNodeState::Upgraded, upgraded);
+    counts.insert(PlanNodeState::Due, due);
     counts
 }
 

@@ -1,7 +1,8 @@
 //! In-place upgrades (Plans): what a Plan means, as pure functions — its
 //! hash ([`hash`]), the Job that upgrades one node ([`job`]), its time
 //! window ([`window`]), which nodes apply next and what each needs
-//! ([`schedule`]) — and the one piece of IO of its own, resolving a
+//! ([`schedule`]), what a pass keeps of the nodes between passes
+//! ([`tally`]) — and the one piece of IO of its own, resolving a
 //! channel URL to a version ([`channel`]). The Plan controller
 //! (`controllers::plan`) gathers the facts and carries out the steps.
 
@@ -9,6 +10,7 @@ pub mod channel;
 pub mod hash;
 pub mod job;
 pub mod schedule;
+pub mod tally;
 pub mod window;
 
 /// Labels on a Plan's Jobs and pods (upstream's names).
