@@ -109,15 +109,26 @@ bench-drains:
     e2e/nmo/build.sh >/dev/null
     cargo bench --bench drains 2>/dev/null | grep '^drains:'
 
-# Thousands of kwok nodes watched by nodewarden and the Node Maintenance Operator v0.17.0 at once: time to serve, RSS, CPU, queue waits under churn (benches/scale.rs; a control plane of its own; table, JSON and SVG chart in .run/bench-scale/).
-bench-scale:
+# The six scale figures in one table, each beside its target: thousands of kwok nodes watched by nodewarden and the Node Maintenance Operator v0.17.0 at once (time to serve, RSS, CPU, queue waits under churn, a kube-apiserver restart), 20 drains vs the peer's, rollouts at maxSurge 1/3/10, leader failover. One control plane of its own; table, JSON and SVG charts in .run/bench-scale/. `just bench-scale scale` runs only the first part.
+bench-scale parts="scale drains rollout failover":
     #!/usr/bin/env bash
     set -euo pipefail
     export NODEWARDEN_RUN_DIR="{{justfile_directory()}}/.run/scale"
     trap 'e2e/controlplane/cluster.sh down' EXIT
     e2e/controlplane/cluster.sh up >/dev/null
     e2e/nmo/build.sh >/dev/null
-    cargo bench --bench scale 2>/dev/null | grep '^scale:'
+    e2e/jaeger/build.sh >/dev/null
+    mkdir -p .run/bench-scale
+    for part in {{parts}}; do
+      log=".run/bench-scale/$part.log"
+      if ! cargo bench --bench "$part" >"$log" 2>&1; then
+        tail -n 40 "$log"
+        echo "bench-scale: $part failed; its whole output is in $log" >&2
+        exit 1
+      fi
+      grep "^$part:" "$log"
+    done
+    cargo bench --bench report 2>/dev/null | grep '^report:'
 
 # End to end on a kind cluster (Docker, kind, kubectl): rollout with a leader kill, traces in Jaeger.
 e2e:

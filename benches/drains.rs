@@ -18,6 +18,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -132,7 +133,7 @@ async fn reset(env: &TestEnv, nodes: &[String]) {
 
 /// One drain, then `many` at once; both times. The round of `many` is
 /// recorded (evictions and budgets) to say where its time went.
-async fn rounds(env: &TestEnv, operator: Operator, nodes: &[String], many: usize) -> (Duration, Duration) {
+async fn rounds(env: &TestEnv, operator: Operator, nodes: &[String], many: usize) -> Round {
     let one = drain(env, &format!("{operator:?}-one").to_lowercase(), &nodes[..1]).await;
     reset(env, nodes).await;
     let recorder = Recorder::start(env).await;
@@ -140,11 +141,36 @@ async fn rounds(env: &TestEnv, operator: Operator, nodes: &[String], many: usize
     let seen = recorder.stop();
     reset(env, nodes).await;
     println!("drains: {operator:?}: 1 drain {one:.2?}, {many} at once {all:.2?}");
-    println!(
-        "drains: {operator:?}: {many} at once: {}",
-        WhereTimeWent::of(&seen).describe()
-    );
-    (one, all)
+    let went = WhereTimeWent::of(&seen);
+    println!("drains: {operator:?}: {many} at once: {}", went.describe());
+    Round { one, all, went }
+}
+
+/// One operator's figures.
+struct Round {
+    one: Duration,
+    all: Duration,
+    went: WhereTimeWent,
+}
+
+impl Round {
+    fn json(&self) -> serde_json::Value {
+        let median = |mut v: Vec<Duration>| {
+            v.sort();
+            v.get(v.len() / 2).map(|d| d.as_secs_f64())
+        };
+        json!({
+            "one_drain_seconds": self.one.as_secs_f64(),
+            "all_at_once_seconds": self.all.as_secs_f64(),
+            "all_over_one": self.all.as_secs_f64() / self.one.as_secs_f64().max(1e-9),
+            "evictions": self.went.evictions,
+            "evictions_that_waited_for_a_budget": self.went.waited.len(),
+            "cluster_allowed_after_previous_eviction_median_seconds":
+                median(self.went.waited.iter().map(|w| w.0).collect()),
+            "evicted_after_allowed_median_seconds":
+                median(self.went.waited.iter().map(|w| w.1).collect()),
+        })
+    }
 }
 
 /// What happened during a round, by app (each app has one Deployment and
@@ -172,62 +198,36 @@ impl Recorder {
         let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
         let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.namespace);
         let pod_task = {
-            let (seen, ready) = (seen.clone(), ready_tx.clone());
-            tokio::spawn(async move {
-                let mut terminating = BTreeSet::new();
-                let mut events = std::pin::pin!(watcher(pods, watcher::Config::default()));
-                while let Some(event) = events.next().await {
-                    let pod = match event {
-                        Ok(watcher::Event::InitDone) => {
-                            let _ = ready.send(()).await;
-                            continue;
-                        }
-                        Ok(
-                            watcher::Event::Apply(p)
-                            | watcher::Event::InitApply(p)
-                            | watcher::Event::Delete(p),
-                        ) => p,
-                        _ => continue,
-                    };
+            let seen = seen.clone();
+            let mut terminating = BTreeSet::new();
+            record(pods, ready_tx.clone(), move |pod: Pod| {
+                if pod.metadata.deletion_timestamp.is_some()
+                    && terminating.insert(pod.uid().unwrap_or_default())
+                {
                     let app = pod.labels().get("app").cloned().unwrap_or_default();
-                    if pod.metadata.deletion_timestamp.is_some()
-                        && terminating.insert(pod.uid().unwrap_or_default())
-                    {
-                        let at = started.elapsed();
-                        seen.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(Seen::Evicted { app, at });
-                    }
+                    let at = started.elapsed();
+                    seen.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Seen::Evicted { app, at });
                 }
             })
         };
         let pdb_task = {
-            let (seen, ready) = (seen.clone(), ready_tx);
-            tokio::spawn(async move {
-                let mut allowed: BTreeMap<String, i32> = BTreeMap::new();
-                let mut events = std::pin::pin!(watcher(pdbs, watcher::Config::default()));
-                while let Some(event) = events.next().await {
-                    let pdb = match event {
-                        Ok(watcher::Event::InitDone) => {
-                            let _ = ready.send(()).await;
-                            continue;
-                        }
-                        Ok(watcher::Event::Apply(b) | watcher::Event::InitApply(b)) => b,
-                        _ => continue,
-                    };
-                    let now = pdb
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.disruptions_allowed)
-                        .unwrap_or(0);
-                    let before = allowed.insert(pdb.name_any(), now);
-                    if now > 0 && before == Some(0) {
-                        let at = started.elapsed();
-                        let app = pdb.name_any();
-                        seen.lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(Seen::Allowed { app, at });
-                    }
+            let seen = seen.clone();
+            let mut allowed: BTreeMap<String, i32> = BTreeMap::new();
+            record(pdbs, ready_tx, move |pdb: PodDisruptionBudget| {
+                let now = pdb
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.disruptions_allowed)
+                    .unwrap_or(0);
+                let before = allowed.insert(pdb.name_any(), now);
+                if now > 0 && before == Some(0) {
+                    let at = started.elapsed();
+                    let app = pdb.name_any();
+                    seen.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Seen::Allowed { app, at });
                 }
             })
         };
@@ -246,6 +246,32 @@ impl Recorder {
         }
         std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
     }
+}
+
+/// Watches `api`, says on `ready` once it has listed, and hands every object
+/// it sees (added, changed or deleted) to `on_object`.
+fn record<K>(
+    api: Api<K>,
+    ready: tokio::sync::mpsc::Sender<()>,
+    mut on_object: impl FnMut(K) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    let _ = ready.send(()).await;
+                }
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => {
+                    on_object(o)
+                }
+                _ => {}
+            }
+        }
+    })
 }
 
 /// Where a round's time went: for every eviction that had to wait for its
@@ -361,14 +387,30 @@ async fn run(many: usize) {
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
     println!(
         "drains: {many} NodeMaintenances at once on PDB-guarded nodes: nodewarden {:.2?} ({:.2} × its one drain of {:.2?}), Node Maintenance Operator v0.17.0 {:.2?} ({:.2} × its one of {:.2?}); the peer takes {:.1} × as long",
-        ours.1,
-        ratio(ours.1, ours.0),
-        ours.0,
-        theirs.1,
-        ratio(theirs.1, theirs.0),
-        theirs.0,
-        ratio(theirs.1, ours.1),
+        ours.all,
+        ratio(ours.all, ours.one),
+        ours.one,
+        theirs.all,
+        ratio(theirs.all, theirs.one),
+        theirs.one,
+        ratio(theirs.all, ours.all),
     );
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".run/bench-drains");
+    let report = json!({
+        "command": "cargo bench --bench drains",
+        "maintenances_at_once": many,
+        "nodewarden": ours.json(),
+        "node_maintenance_operator": theirs.json(),
+        "peer_over_nodewarden": ratio(theirs.all, ours.all),
+    });
+    if let Err(e) = std::fs::create_dir_all(&out).and_then(|()| {
+        std::fs::write(
+            out.join("drains.json"),
+            serde_json::to_string_pretty(&report).unwrap_or_default(),
+        )
+    }) {
+        println!("drains: writing {}/drains.json: {e}", out.display());
+    }
     let _ = std::fs::remove_dir_all(&dir);
     // The peer's finalizer is gone with it: remove any maintenance left.
     let _ = maintenances(&env)

@@ -105,22 +105,31 @@ async fn trial(replicas: &mut Replicas, leases: &Api<Lease>, lease_name: &str, s
     }
 }
 
-fn summary(what: &str, trials: &[Trial]) {
-    let stats = |pick: fn(&Trial) -> Duration| {
-        let mut v: Vec<Duration> = trials.iter().map(pick).collect();
-        v.sort();
-        format!(
-            "median {:.2?}, max {:.2?}",
-            v[v.len() / 2],
-            v.last().copied().unwrap_or_default()
-        )
-    };
+/// Median and max of one figure over the trials.
+fn median_max(trials: &[Trial], pick: fn(&Trial) -> Duration) -> (Duration, Duration) {
+    let mut v: Vec<Duration> = trials.iter().map(pick).collect();
+    v.sort();
+    (
+        v.get(v.len() / 2).copied().unwrap_or_default(),
+        v.last().copied().unwrap_or_default(),
+    )
+}
+
+/// Prints the trials' summary and returns it as JSON.
+fn summary(what: &str, trials: &[Trial]) -> serde_json::Value {
+    let (leader_median, leader_max) = median_max(trials, |t| t.new_leader);
+    let (reconcile_median, reconcile_max) = median_max(trials, |t| t.first_reconcile);
     println!(
-        "failover: {what} ({} trials): new leader {}; first reconcile {}",
+        "failover: {what} ({} trials): new leader median {leader_median:.2?}, max {leader_max:.2?}; first reconcile median {reconcile_median:.2?}, max {reconcile_max:.2?}",
         trials.len(),
-        stats(|t| t.new_leader),
-        stats(|t| t.first_reconcile)
     );
+    json!({
+        "trials": trials.len(),
+        "new_leader_median_seconds": leader_median.as_secs_f64(),
+        "new_leader_max_seconds": leader_max.as_secs_f64(),
+        "first_reconcile_median_seconds": reconcile_median.as_secs_f64(),
+        "first_reconcile_max_seconds": reconcile_max.as_secs_f64(),
+    })
 }
 
 fn main() {
@@ -167,9 +176,22 @@ async fn run(full: bool) {
         crashes.push(trial(&mut replicas, &leases, &lease_name, Stop::Kill).await);
     }
     println!("failover: default flags: --lease-duration 15 --renew-deadline 10 --retry-period 2");
-    summary("SIGTERM", &graceful);
-    if !crashes.is_empty() {
-        summary("SIGKILL", &crashes);
+    let report = json!({
+        "command": "cargo bench --bench failover",
+        "lease_duration_seconds": 15,
+        "renew_deadline_seconds": 10,
+        "retry_period_seconds": 2,
+        "sigterm": summary("SIGTERM", &graceful),
+        "sigkill": (!crashes.is_empty()).then(|| summary("SIGKILL", &crashes)),
+    });
+    let out = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".run/bench-failover");
+    if let Err(e) = std::fs::create_dir_all(&out).and_then(|()| {
+        std::fs::write(
+            out.join("failover.json"),
+            serde_json::to_string_pretty(&report).unwrap_or_default(),
+        )
+    }) {
+        println!("failover: writing {}/failover.json: {e}", out.display());
     }
 
     drop(replicas);
