@@ -119,14 +119,16 @@ bench-scale parts="scale drains rollout failover":
     e2e/nmo/build.sh >/dev/null
     e2e/jaeger/build.sh >/dev/null
     mkdir -p .run/bench-scale
+    # One build for the whole run, before anything is measured.
+    cargo bench --no-run $(printf -- '--bench %s ' {{parts}} report) 2>&1 | tail -n 1
     for part in {{parts}}; do
       log=".run/bench-scale/$part.log"
-      if ! cargo bench --bench "$part" >"$log" 2>&1; then
+      # Each figure as it is measured (the scale part alone takes about 25 minutes).
+      if ! cargo bench --bench "$part" 2>&1 | tee "$log" | grep --line-buffered "^$part:"; then
         tail -n 40 "$log"
         echo "bench-scale: $part failed; its whole output is in $log" >&2
         exit 1
       fi
-      grep "^$part:" "$log"
     done
     cargo bench --bench report 2>/dev/null | grep '^report:'
 

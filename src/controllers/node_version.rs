@@ -11,10 +11,11 @@
 //! written first, and its name is the idempotency key of the cloud call, so a
 //! leader that dies in between leaves a PendingNode its successor completes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -712,34 +713,66 @@ impl NodeVersionReconciler {
         .await?;
         Ok(())
     }
-    /// Nodes with a provider ID but no group or image annotation: ask the cloud once.
+    /// Nodes with a provider ID but no group or image annotation: ask the
+    /// cloud once, side by side. A node this operator created is in the
+    /// group its PendingNode names, so only its image is asked: every call
+    /// spends the cloud budget that a rollout at a high surge is bound by.
     async fn annotate_unknown_nodes(&self) -> Result<()> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        for node in self.nodes.list() {
-            let provider_id = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .unwrap_or_default();
-            if provider_id.is_empty()
-                || (annotation(&node, GROUP_ANNOTATION).is_some()
-                    && annotation(&node, IMAGE_ANNOTATION).is_some())
-            {
-                continue;
-            }
-            let group = match self.cloud.node_group(provider_id).await {
+        let unknown: Vec<Arc<Node>> = self
+            .nodes
+            .list()
+            .into_iter()
+            .filter(|node| {
+                let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+                provider_id.is_some_and(|p| !p.is_empty())
+                    && (annotation(node, GROUP_ANNOTATION).is_none()
+                        || annotation(node, IMAGE_ANNOTATION).is_none())
+            })
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let created_in: HashMap<String, String> = self
+            .pending
+            .list()
+            .iter()
+            .filter(|p| p.spec.goal.unwrap_or(PendingNodeGoal::Join) == PendingNodeGoal::Join)
+            .map(|p| (p.spec.node_name.clone(), p.spec.group_id.clone()))
+            .collect();
+        let results: Vec<Result<()>> = futures::stream::iter(unknown)
+            .map(|node| {
+                let group = created_in.get(&node.name_any()).cloned();
+                self.annotate(node, group)
+            })
+            .buffer_unordered(STEPS_AT_ONCE)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    /// Writes a node's group and image annotations, asking the cloud for
+    /// what is not known.
+    async fn annotate(&self, node: Arc<Node>, group: Option<String>) -> Result<()> {
+        let provider_id = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .unwrap_or_default();
+        let group = match group {
+            Some(g) if !g.is_empty() => g,
+            _ => match self.cloud.node_group(provider_id).await {
                 Ok(g) => g,
                 // Not a node of this cloud: it stays unmanaged.
-                Err(e) if !e.retryable() => continue,
+                Err(e) if !e.retryable() => return Ok(()),
                 Err(e) => return Err(e.into()),
-            };
-            let image = self.cloud.node_image(provider_id).await?;
-            let patch =
-                json!({"metadata": {"annotations": {GROUP_ANNOTATION: group, IMAGE_ANNOTATION: image}}});
-            nodes
-                .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-        }
+            },
+        };
+        let image = self.cloud.node_image(provider_id).await?;
+        let patch = json!({"metadata": {"annotations": {GROUP_ANNOTATION: group, IMAGE_ANNOTATION: image}}});
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        nodes
+            .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
         Ok(())
     }
 

@@ -9,8 +9,9 @@
 //! The cloud has no watch, so this controller polls it — every few seconds,
 //! and only while an instance is in flight.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -33,6 +34,12 @@ use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::telemetry::trace;
 
 const POLL: Duration = Duration::from_secs(1);
+/// How often a joining instance's state is asked of the cloud. Its join is
+/// decided by the Node watch and the deadline; the state only shows in
+/// `status.cspState`, and each ask spends the cloud budget every controller
+/// shares (at a high surge, polling each joining instance every second was
+/// much of it). A leaving instance is asked on every look: its state decides.
+const JOIN_STATE_EVERY: Duration = Duration::from_secs(5);
 const LEAVE_DEADLINE_SECS: i64 = 600;
 /// How long a create may take before a PendingNode without a provider ID
 /// counts as interrupted (a leader died between writing it and the cloud's
@@ -159,6 +166,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         leader: app.leader.clone(),
         pending,
         nodes,
+        asked: JoinStates::default(),
     });
 }
 
@@ -174,21 +182,51 @@ pub struct PendingNodeReconciler {
     pub pending: Store<PendingNode>,
     /// The Nodes, to see whether an instance joined and is Ready.
     pub nodes: Store<Node>,
+    /// The cloud's last answers about joining instances.
+    pub asked: JoinStates,
+}
+
+/// The cloud's last answer about each joining instance, by PendingNode.
+#[derive(Default)]
+pub struct JoinStates(std::sync::Mutex<HashMap<String, (Instant, Option<InstanceState>)>>);
+
+impl JoinStates {
+    /// The answer about `pending` if it is younger than `fresh`.
+    fn recent(&self, pending: &str, fresh: Duration) -> Option<Option<InstanceState>> {
+        let asked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        asked
+            .get(pending)
+            .filter(|(at, _)| at.elapsed() < fresh)
+            .map(|(_, state)| *state)
+    }
+
+    fn remember(&self, pending: &str, state: Option<InstanceState>) {
+        let mut asked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        asked.insert(pending.to_string(), (Instant::now(), state));
+    }
+
+    fn forget(&self, pending: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(pending);
+    }
 }
 
 impl Reconciler for PendingNodeReconciler {
     type Object = PendingNode;
     type Error = Error;
 
-    async fn reconcile(&self, _key: &Key<PendingNode>, pn: Option<Arc<PendingNode>>) -> Result<Action> {
+    async fn reconcile(&self, key: &Key<PendingNode>, pn: Option<Arc<PendingNode>>) -> Result<Action> {
         let Some(pn) = pn else {
+            self.asked.forget(&key.untyped().name);
             return Ok(Action::Done);
         };
         let api: Api<PendingNode> = Api::all(self.client.clone());
         let name = pn.name_any();
         let goal = pn.spec.goal.unwrap_or(PendingNodeGoal::Join);
         let provider_id = pn.spec.provider_id.as_str();
-        let state = self.instance_state(provider_id).await?;
+        let state = match goal {
+            PendingNodeGoal::Join => self.joining_state(&name, provider_id).await?,
+            PendingNodeGoal::Leave => self.instance_state(provider_id).await?,
+        };
         let node = self.nodes.get(&ObjectKey::cluster(&pn.spec.node_name));
         let seen = match node.as_deref() {
             None => NodeSeen::Absent,
@@ -291,6 +329,20 @@ impl PendingNodeReconciler {
         }
     }
 
+    /// A joining instance's state: the cloud's answer of the last
+    /// [`JOIN_STATE_EVERY`], else a new one.
+    async fn joining_state(&self, pending: &str, provider_id: &str) -> Result<Option<InstanceState>> {
+        if provider_id.is_empty() {
+            return Ok(None);
+        }
+        if let Some(state) = self.asked.recent(pending, JOIN_STATE_EVERY) {
+            return Ok(state);
+        }
+        let state = self.instance_state(provider_id).await?;
+        self.asked.remember(pending, state);
+        Ok(state)
+    }
+
     /// Deletes the instance; one already gone counts as deleted.
     async fn delete_instance(&self, provider_id: &str) -> Result<()> {
         self.leader.ensure_leader()?;
@@ -341,6 +393,23 @@ mod tests {
     use InstanceState::{Creating, Terminated, Terminating};
     use NodeSeen::{Absent, Joined, Ready};
     use PendingNodeGoal::*;
+
+    #[test]
+    fn a_joining_instance_answer_is_reused_only_while_fresh() {
+        let asked = JoinStates::default();
+        assert_eq!(asked.recent("pn", Duration::from_secs(60)), None, "never asked");
+        asked.remember("pn", Some(Creating));
+        asked.remember("gone", None);
+        assert_eq!(asked.recent("pn", Duration::from_secs(60)), Some(Some(Creating)));
+        assert_eq!(
+            asked.recent("gone", Duration::from_secs(60)),
+            Some(None),
+            "no record is an answer too"
+        );
+        assert_eq!(asked.recent("pn", Duration::ZERO), None, "stale");
+        asked.forget("pn");
+        assert_eq!(asked.recent("pn", Duration::from_secs(60)), None, "forgotten");
+    }
 
     #[test]
     fn decisions() {
