@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -714,7 +713,7 @@ impl NodeVersionReconciler {
         Ok(())
     }
     /// Nodes with a provider ID but no group or image annotation: ask the
-    /// cloud once, side by side. A node this operator created is in the
+    /// cloud once. A node this operator created is in the
     /// group its PendingNode names, so only its image is asked: every call
     /// spends the cloud budget that a rollout at a high surge is bound by.
     async fn annotate_unknown_nodes(&self) -> Result<()> {
@@ -739,15 +738,14 @@ impl NodeVersionReconciler {
             .filter(|p| p.spec.goal.unwrap_or(PendingNodeGoal::Join) == PendingNodeGoal::Join)
             .map(|p| (p.spec.node_name.clone(), p.spec.group_id.clone()))
             .collect();
-        let results: Vec<Result<()>> = futures::stream::iter(unknown)
-            .map(|node| {
-                let group = created_in.get(&node.name_any()).cloned();
-                self.annotate(node, group)
-            })
-            .buffer_unordered(STEPS_AT_ONCE)
-            .collect()
-            .await;
-        results.into_iter().collect()
+        // One after another: with the cloud down, the first failure ends the
+        // pass, and the backoff (not the number of new nodes) sets how often
+        // the cloud is asked.
+        for node in unknown {
+            let group = created_in.get(&node.name_any()).cloned();
+            self.annotate(node, group).await?;
+        }
+        Ok(())
     }
 
     /// Writes a node's group and image annotations, asking the cloud for
