@@ -276,13 +276,19 @@ impl LeaderElector {
     /// Tries until the lease is ours; returns when the successful attempt
     /// started, or `None` on shutdown.
     async fn acquire(&mut self, shutdown: &CancellationToken) -> Option<Instant> {
+        // A conflict means another candidate has just written the Lease: read
+        // it again at once (once), so this standby learns the new version and
+        // watches for its release instead of sleeping a retry period first.
+        let mut conflicted = false;
         loop {
             if shutdown.is_cancelled() {
                 return None;
             }
             let started = Instant::now();
             let retry = jittered(self.config.retry_period);
-            let (wait, held_at) = match self.attempt(self.config.renew_deadline).await {
+            let attempt = self.attempt(self.config.renew_deadline).await;
+            let after_conflict = std::mem::replace(&mut conflicted, false);
+            let (wait, held_at) = match attempt {
                 // Cancelled while the attempt ran: `run` releases what we just took.
                 Ok(Attempt::Held) if shutdown.is_cancelled() => return None,
                 Ok(Attempt::Held) => return Some(started),
@@ -292,6 +298,11 @@ impl LeaderElector {
                     retry.min(expires_at.saturating_duration_since(Instant::now())),
                     self.observed.as_ref().map(|o| o.resource_version.clone()),
                 ),
+                Ok(Attempt::Conflict) if !after_conflict => {
+                    debug!("another candidate wrote the lease first; reading it again");
+                    conflicted = true;
+                    continue;
+                }
                 Ok(Attempt::Conflict) => {
                     debug!("another candidate wrote the lease first");
                     (retry, None)
@@ -632,6 +643,9 @@ mod tests {
         cut: Arc<std::sync::atomic::AtomicBool>,
         /// Woken at every write, as a watch would be.
         changed: Arc<tokio::sync::Notify>,
+        /// This handle's next read misses the Lease, as a read that raced
+        /// another candidate's create does.
+        miss_next_get: Arc<std::sync::atomic::AtomicBool>,
     }
 
     impl FakeLock {
@@ -641,6 +655,7 @@ mod tests {
                 record: self.record.clone(),
                 cut: Arc::default(),
                 changed: self.changed.clone(),
+                miss_next_get: Arc::default(),
             }
         }
 
@@ -677,6 +692,12 @@ mod tests {
         fn get(&self) -> futures::future::BoxFuture<'_, Result<Option<LeaseRecord>>> {
             Box::pin(async move {
                 self.reachable().await;
+                if self
+                    .miss_next_get
+                    .swap(false, std::sync::atomic::Ordering::SeqCst)
+                {
+                    return Ok(None);
+                }
                 Ok(lock(&self.record).clone())
             })
         }
@@ -826,6 +847,48 @@ mod tests {
         assert!(
             released.elapsed() < Duration::from_millis(50),
             "b took over {:?} after the release",
+            released.elapsed()
+        );
+        stop_b.cancel();
+        b_task.await.expect("b's election loop");
+    }
+
+    /// Candidates that start together race to create the Lease; the loser's
+    /// create conflicts. It still watches the Lease from then on, so the
+    /// first handoff is as quick as any later one (it used to sleep a retry
+    /// period after the conflict before it read the Lease and watched).
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_that_lost_the_create_race_takes_a_released_lease_at_once() {
+        let a_lock = FakeLock::default();
+        let b_lock = a_lock.peer();
+        let (a, b) = (candidate(a_lock.clone(), "a"), candidate(b_lock.clone(), "b"));
+        let (a_handle, b_handle) = (a.handle(), b.handle());
+        let (stop_a, stop_b) = (CancellationToken::new(), CancellationToken::new());
+        let a_task = tokio::spawn(a.run(stop_a.clone()));
+        while !a_handle.is_leader() {
+            sleep(Duration::from_millis(10)).await;
+        }
+        // b read before a's create landed: its own create conflicts.
+        b_lock
+            .miss_next_get
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let b_task = tokio::spawn(b.run(stop_b.clone()));
+        sleep(Duration::from_millis(20)).await;
+        assert!(!b_handle.is_leader());
+        assert!(
+            !b_lock.miss_next_get.load(std::sync::atomic::Ordering::SeqCst),
+            "b has not tried yet"
+        );
+        let released = Instant::now();
+        stop_a.cancel();
+        a_task.await.expect("a's election loop");
+        while !b_handle.is_leader() {
+            sleep(Duration::from_millis(1)).await;
+            assert!(released.elapsed() < Duration::from_secs(5), "b never took over");
+        }
+        assert!(
+            released.elapsed() < Duration::from_millis(50),
+            "b took over {:?} after the release: it slept a retry period after its conflict",
             released.elapsed()
         );
         stop_b.cancel();
