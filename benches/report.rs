@@ -450,17 +450,19 @@ fn check_verdicts() {
             .collect()
     };
     let cases = [
+        // At 5,000 nodes RSS is judged twice: against 64 MB, then against a
+        // tenth of the peer's.
         (
             point(5000.0, 63.0, 700.0, 0.009),
-            vec![(1, Verdict::Met), (3, Verdict::Met)],
+            vec![(1, Verdict::Met), (1, Verdict::Met), (3, Verdict::Met)],
         ),
         (
             point(5000.0, 63.0, 600.0, 0.011),
-            vec![(1, Verdict::Missed), (3, Verdict::Missed)],
+            vec![(1, Verdict::Met), (1, Verdict::Missed), (3, Verdict::Missed)],
         ),
         (
             point(5000.0, 65.0, 900.0, 0.001),
-            vec![(1, Verdict::Missed), (3, Verdict::Met)],
+            vec![(1, Verdict::Missed), (1, Verdict::Met), (3, Verdict::Met)],
         ),
         (
             point(500.0, 99.0, 10.0, 0.5),
