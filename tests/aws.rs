@@ -49,3 +49,61 @@ async fn discovered_groups_are_replaced_through_auto_scaling_within_the_node_bud
     operator.stop().await;
     env.cleanup().await;
 }
+
+/// A create reads the group's desired capacity and writes it plus one; a
+/// terminate decrements it. Side by side, a terminate that landed between a
+/// create's read and write was undone, and the group started an instance
+/// nobody asked for. Each round here replaces one instance with a create and
+/// a terminate at once; the group must end at its size, with no stray.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_and_terminates_side_by_side_keep_the_group_at_its_size() {
+    use nodewarden::cloud::{CloudProvider, CreateNodeRequest};
+    let moto = Moto::start();
+    let sdk = moto.sdk().await;
+    let uid = format!("race-{}", std::process::id());
+    let group = format!("{uid}-workers");
+    const SIZE: usize = 4;
+    create_group(&sdk, &uid, &group, "worker", SIZE as i32, "ami-00000001").await;
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let running = || async {
+        instances(&ec2, &uid)
+            .await
+            .expect("moto's instances")
+            .into_iter()
+            .filter(|(_, i)| {
+                !matches!(
+                    i.0,
+                    aws_sdk_ec2::types::InstanceStateName::Terminated
+                        | aws_sdk_ec2::types::InstanceStateName::ShuttingDown
+                )
+            })
+            .map(|(id, i)| format!("aws:///{}/{id}", i.2))
+            .collect::<Vec<_>>()
+    };
+    let provider = AwsProvider::new(moto.provider_config(&uid))
+        .await
+        .expect("the aws provider");
+    for round in 0..8 {
+        let old = running().await;
+        assert_eq!(old.len(), SIZE, "round {round}: running instances {old:?}");
+        let request = CreateNodeRequest::new(group.clone()).with_request_id(format!("race-{round}"));
+        let (created, deleted) = tokio::join!(provider.create_node(&request), provider.delete_node(&old[0]));
+        created.expect("the create");
+        deleted.expect("the terminate");
+    }
+    let asg = aws_sdk_autoscaling::Client::new(&sdk);
+    let desired = asg
+        .describe_auto_scaling_groups()
+        .auto_scaling_group_names(&group)
+        .send()
+        .await
+        .expect("the group")
+        .auto_scaling_groups
+        .unwrap_or_default()
+        .first()
+        .and_then(|g| g.desired_capacity);
+    assert_eq!(desired, Some(SIZE as i32), "the group's desired capacity");
+    let left = running().await;
+    assert_eq!(left.len(), SIZE, "running instances at the end: {left:?}");
+    drop(moto);
+}
