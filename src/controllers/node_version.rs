@@ -809,7 +809,16 @@ impl NodeVersionReconciler {
         let find = |name: &str| scope.nodes.iter().find(|n| n.name_any() == name).cloned();
         match step {
             Step::Pair { donor, heir } => match find(donor) {
-                Some(donor_node) => self.pair(&donor_node, heir, find(heir)).await,
+                Some(donor_node) => {
+                    let (paired_heir, paired_donor) = self.pair(&donor_node, heir, find(heir)).await?;
+                    // With a Ready heir the next pass would only request the
+                    // donor's drain: request it now, a pass earlier (a wave
+                    // at maxSurge 1 waited a whole pass for it).
+                    if node_is_ready(&paired_heir) {
+                        self.drain(nv, donor, Some(&paired_donor)).await?;
+                    }
+                    Ok(())
+                }
                 None => Ok(()),
             },
             Step::MarkObsolete { node } => {
@@ -848,7 +857,13 @@ impl NodeVersionReconciler {
     /// deleted for one heir. So both nodes are read fresh, the pairing is
     /// refused when either already belongs to another, and each write is
     /// conditional on the version read.
-    async fn pair(&self, donor_node: &Node, heir: &str, heir_node: Option<Arc<Node>>) -> Result<()> {
+    /// Returns the heir and the donor as written.
+    async fn pair(
+        &self,
+        donor_node: &Node,
+        heir: &str,
+        heir_node: Option<Arc<Node>>,
+    ) -> Result<(Node, Node)> {
         let node_api: Api<Node> = Api::all(self.client.clone());
         let donor = donor_node.name_any();
         let (fresh_donor, fresh_heir) = (node_api.get(&donor).await?, node_api.get(heir).await?);
@@ -888,7 +903,7 @@ impl NodeVersionReconciler {
             "annotations": heir_annotations,
             "resourceVersion": fresh_heir.resource_version(),
         }});
-        node_api
+        let paired_heir = node_api
             .patch(heir, &PatchParams::default(), &Patch::Merge(&heir_patch))
             .await?;
         let mut donor_annotations = json!(carried);
@@ -897,7 +912,7 @@ impl NodeVersionReconciler {
             "annotations": donor_annotations,
             "resourceVersion": fresh_donor.resource_version(),
         }});
-        node_api
+        let paired_donor = node_api
             .patch(&donor, &PatchParams::default(), &Patch::Merge(&donor_patch))
             .await?;
         if let Some((tp, _)) = replacement {
@@ -908,7 +923,7 @@ impl NodeVersionReconciler {
         for p in self.pending.list().iter().filter(|p| p.spec.node_name == heir) {
             delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
         }
-        Ok(())
+        Ok((paired_heir, paired_donor))
     }
 
     /// Drains `node` through a NodeMaintenance of its own (created once).

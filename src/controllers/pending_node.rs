@@ -38,8 +38,14 @@ const POLL: Duration = Duration::from_secs(1);
 /// decided by the Node watch and the deadline; the state only shows in
 /// `status.cspState`, and each ask spends the cloud budget every controller
 /// shares (at a high surge, polling each joining instance every second was
-/// much of it). A leaving instance is asked on every look: its state decides.
+/// much of it). Until then, an instance the cloud accepted is taken to be
+/// `Creating`, as the create's answer said.
 const JOIN_STATE_EVERY: Duration = Duration::from_secs(5);
+/// How often a leaving instance's state is asked, whatever wakes the
+/// PendingNode: its state decides when it is forgotten, but this
+/// controller's own status writes and the Node's changes woke it too, and
+/// each look asked the cloud again (five asks per replaced node at maxSurge 3).
+const LEAVE_STATE_EVERY: Duration = Duration::from_millis(800);
 const LEAVE_DEADLINE_SECS: i64 = 600;
 /// How long a create may take before a PendingNode without a provider ID
 /// counts as interrupted (a leader died between writing it and the cloud's
@@ -111,6 +117,21 @@ pub fn decide(
     }
 }
 
+/// When the cloud accepted `pn`'s create (its created-at annotation), as an
+/// `Instant`, if that was less than `within` ago.
+fn accepted_within(pn: &PendingNode, within: Duration) -> Option<Instant> {
+    let accepted = pn
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CREATED_AT_ANNOTATION))
+        .and_then(|t| trace::parse_time(t))?;
+    let ago = std::time::SystemTime::now()
+        .duration_since(accepted)
+        .unwrap_or_default();
+    (ago < within).then(|| Instant::now().checked_sub(ago)).flatten()
+}
+
 fn csp_state(state: Option<InstanceState>) -> CspNodeState {
     match state {
         Some(InstanceState::Creating) => CspNodeState::Creating,
@@ -166,7 +187,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         leader: app.leader.clone(),
         pending,
         nodes,
-        asked: JoinStates::default(),
+        asked: InstanceStates::default(),
     });
 }
 
@@ -182,15 +203,19 @@ pub struct PendingNodeReconciler {
     pub pending: Store<PendingNode>,
     /// The Nodes, to see whether an instance joined and is Ready.
     pub nodes: Store<Node>,
-    /// The cloud's last answers about joining instances.
-    pub asked: JoinStates,
+    /// The cloud's last answers about the instances.
+    pub asked: InstanceStates,
 }
 
-/// The cloud's last answer about each joining instance, by PendingNode.
+/// The cloud's last answer about each instance, by PendingNode, and when
+/// each leaving instance was first looked at.
 #[derive(Default)]
-pub struct JoinStates(std::sync::Mutex<HashMap<String, (Instant, Option<InstanceState>)>>);
+pub struct InstanceStates(
+    std::sync::Mutex<HashMap<String, (Instant, Option<InstanceState>)>>,
+    std::sync::Mutex<HashMap<String, Instant>>,
+);
 
-impl JoinStates {
+impl InstanceStates {
     /// The answer about `pending` if it is younger than `fresh`.
     fn recent(&self, pending: &str, fresh: Duration) -> Option<Option<InstanceState>> {
         let asked = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -201,12 +226,23 @@ impl JoinStates {
     }
 
     fn remember(&self, pending: &str, state: Option<InstanceState>) {
+        self.remember_at(pending, Instant::now(), state);
+    }
+
+    fn remember_at(&self, pending: &str, at: Instant, state: Option<InstanceState>) {
         let mut asked = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        asked.insert(pending.to_string(), (Instant::now(), state));
+        asked.insert(pending.to_string(), (at, state));
+    }
+
+    /// True on the first look at `pending` (recorded now).
+    fn first_look(&self, pending: &str) -> bool {
+        let mut seen = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        seen.insert(pending.to_string(), Instant::now()).is_none()
     }
 
     fn forget(&self, pending: &str) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(pending);
+        self.1.lock().unwrap_or_else(|e| e.into_inner()).remove(pending);
     }
 }
 
@@ -223,9 +259,16 @@ impl Reconciler for PendingNodeReconciler {
         let name = pn.name_any();
         let goal = pn.spec.goal.unwrap_or(PendingNodeGoal::Join);
         let provider_id = pn.spec.provider_id.as_str();
+        // A leaving instance is deleted by whoever wrote its PendingNode,
+        // right after writing it: the first look waits a poll for that
+        // delete instead of asking at once and deleting it a second time. It
+        // stays a look for an instance whose delete was interrupted.
+        if goal == PendingNodeGoal::Leave && self.asked.first_look(&name) {
+            return Ok(Action::RequeueAfter(POLL));
+        }
         let state = match goal {
-            PendingNodeGoal::Join => self.joining_state(&name, provider_id).await?,
-            PendingNodeGoal::Leave => self.instance_state(provider_id).await?,
+            PendingNodeGoal::Join => self.joining_state(&pn).await?,
+            PendingNodeGoal::Leave => self.leaving_state(&name, provider_id).await?,
         };
         let node = self.nodes.get(&ObjectKey::cluster(&pn.spec.node_name));
         let seen = match node.as_deref() {
@@ -330,12 +373,30 @@ impl PendingNodeReconciler {
     }
 
     /// A joining instance's state: the cloud's answer of the last
-    /// [`JOIN_STATE_EVERY`], else a new one.
-    async fn joining_state(&self, pending: &str, provider_id: &str) -> Result<Option<InstanceState>> {
+    /// [`JOIN_STATE_EVERY`], else `Creating` within that of the cloud
+    /// accepting the create, else a new answer.
+    async fn joining_state(&self, pn: &PendingNode) -> Result<Option<InstanceState>> {
+        let (pending, provider_id) = (pn.name_any(), pn.spec.provider_id.as_str());
         if provider_id.is_empty() {
             return Ok(None);
         }
-        if let Some(state) = self.asked.recent(pending, JOIN_STATE_EVERY) {
+        if let Some(state) = self.asked.recent(&pending, JOIN_STATE_EVERY) {
+            return Ok(state);
+        }
+        if let Some(accepted) = accepted_within(pn, JOIN_STATE_EVERY) {
+            self.asked
+                .remember_at(&pending, accepted, Some(InstanceState::Creating));
+            return Ok(Some(InstanceState::Creating));
+        }
+        let state = self.instance_state(provider_id).await?;
+        self.asked.remember(&pending, state);
+        Ok(state)
+    }
+
+    /// A leaving instance's state: the cloud's answer of the last
+    /// [`LEAVE_STATE_EVERY`], else a new one.
+    async fn leaving_state(&self, pending: &str, provider_id: &str) -> Result<Option<InstanceState>> {
+        if let Some(state) = self.asked.recent(pending, LEAVE_STATE_EVERY) {
             return Ok(state);
         }
         let state = self.instance_state(provider_id).await?;
@@ -396,7 +457,7 @@ mod tests {
 
     #[test]
     fn a_joining_instance_answer_is_reused_only_while_fresh() {
-        let asked = JoinStates::default();
+        let asked = InstanceStates::default();
         assert_eq!(asked.recent("pn", Duration::from_secs(60)), None, "never asked");
         asked.remember("pn", Some(Creating));
         asked.remember("gone", None);
@@ -409,6 +470,49 @@ mod tests {
         assert_eq!(asked.recent("pn", Duration::ZERO), None, "stale");
         asked.forget("pn");
         assert_eq!(asked.recent("pn", Duration::from_secs(60)), None, "forgotten");
+    }
+
+    #[test]
+    fn a_leaving_instance_is_first_looked_at_once() {
+        let asked = InstanceStates::default();
+        assert!(asked.first_look("leave-a"));
+        assert!(!asked.first_look("leave-a"), "seen already");
+        assert!(asked.first_look("leave-b"), "each PendingNode on its own");
+        asked.forget("leave-a");
+        assert!(asked.first_look("leave-a"), "forgotten with its PendingNode");
+    }
+
+    #[test]
+    fn an_instance_counts_as_creating_only_shortly_after_the_cloud_accepted_it() {
+        let bare = || {
+            let spec = crate::api::update::PendingNodeSpec {
+                provider_id: "sim://g/i".into(),
+                group_id: "g".into(),
+                node_name: "i".into(),
+                goal: None,
+                deadline: None,
+            };
+            PendingNode::new("pn", spec)
+        };
+        let with_created_at = |ago: Duration| {
+            let at = std::time::SystemTime::now() - ago;
+            let mut pn = bare();
+            pn.metadata.annotations =
+                Some([(CREATED_AT_ANNOTATION.to_string(), trace::format_time(at))].into());
+            pn
+        };
+        let within = Duration::from_secs(5);
+        let accepted = accepted_within(&with_created_at(Duration::from_secs(1)), within);
+        let age = accepted.map(|a| a.elapsed());
+        assert!(
+            age.is_some_and(|a| a >= Duration::from_millis(900) && a < Duration::from_secs(2)),
+            "accepted a second ago: {age:?}"
+        );
+        assert_eq!(
+            accepted_within(&with_created_at(Duration::from_secs(6)), within),
+            None
+        );
+        assert_eq!(accepted_within(&bare(), within), None);
     }
 
     #[test]
