@@ -9,7 +9,7 @@
 //! The cloud has no watch, so this controller polls it — every few seconds,
 //! and only while an instance is in flight.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -210,15 +210,15 @@ pub struct PendingNodeReconciler {
 /// The cloud's last answer about each instance, by PendingNode, and when
 /// each leaving instance was first looked at.
 #[derive(Default)]
-pub struct InstanceStates(
-    std::sync::Mutex<HashMap<String, (Instant, Option<InstanceState>)>>,
-    std::sync::Mutex<HashMap<String, Instant>>,
-);
+pub struct InstanceStates {
+    answers: std::sync::Mutex<HashMap<String, (Instant, Option<InstanceState>)>>,
+    leaves_looked_at: std::sync::Mutex<HashSet<String>>,
+}
 
 impl InstanceStates {
     /// The answer about `pending` if it is younger than `fresh`.
     fn recent(&self, pending: &str, fresh: Duration) -> Option<Option<InstanceState>> {
-        let asked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let asked = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         asked
             .get(pending)
             .filter(|(at, _)| at.elapsed() < fresh)
@@ -230,19 +230,25 @@ impl InstanceStates {
     }
 
     fn remember_at(&self, pending: &str, at: Instant, state: Option<InstanceState>) {
-        let mut asked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut asked = self.answers.lock().unwrap_or_else(|e| e.into_inner());
         asked.insert(pending.to_string(), (at, state));
     }
 
-    /// True on the first look at `pending` (recorded now).
+    /// True on the first look at the leaving `pending` (recorded now).
     fn first_look(&self, pending: &str) -> bool {
-        let mut seen = self.1.lock().unwrap_or_else(|e| e.into_inner());
-        seen.insert(pending.to_string(), Instant::now()).is_none()
+        let mut seen = self.leaves_looked_at.lock().unwrap_or_else(|e| e.into_inner());
+        seen.insert(pending.to_string())
     }
 
     fn forget(&self, pending: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(pending);
-        self.1.lock().unwrap_or_else(|e| e.into_inner()).remove(pending);
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(pending);
+        self.leaves_looked_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(pending);
     }
 }
 

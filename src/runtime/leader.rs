@@ -287,7 +287,7 @@ impl LeaderElector {
             let started = Instant::now();
             let retry = jittered(self.config.retry_period);
             let attempt = self.attempt(self.config.renew_deadline).await;
-            let after_conflict = std::mem::replace(&mut conflicted, false);
+            let after_conflict = std::mem::take(&mut conflicted);
             let (wait, held_at) = match attempt {
                 // Cancelled while the attempt ran: `run` releases what we just took.
                 Ok(Attempt::Held) if shutdown.is_cancelled() => return None,
@@ -818,6 +818,25 @@ mod tests {
         }
     }
 
+    /// Stops the leader a and waits for the standby b to lead; returns how
+    /// long after a let go of the Lease that took.
+    async fn hand_over(
+        stop_a: CancellationToken,
+        a_task: tokio::task::JoinHandle<()>,
+        a_handle: &LeaderHandle,
+        b_handle: &LeaderHandle,
+    ) -> Duration {
+        let released = Instant::now();
+        stop_a.cancel();
+        a_task.await.expect("a's election loop");
+        assert!(!a_handle.is_leader());
+        while !b_handle.is_leader() {
+            sleep(Duration::from_millis(1)).await;
+            assert!(released.elapsed() < Duration::from_secs(5), "b never took over");
+        }
+        released.elapsed()
+    }
+
     /// A leader that shuts down hands over: the standby, watching the
     /// Lease, takes it at once instead of on its next retry.
     #[tokio::test(start_paused = true)]
@@ -835,19 +854,11 @@ mod tests {
         // Past b's first attempt, into its wait between retries.
         sleep(Duration::from_millis(100)).await;
         assert!(!b_handle.is_leader());
-        let released = Instant::now();
-        stop_a.cancel();
-        a_task.await.expect("a's election loop");
-        assert!(!a_handle.is_leader());
-        while !b_handle.is_leader() {
-            sleep(Duration::from_millis(1)).await;
-            assert!(released.elapsed() < Duration::from_secs(5), "b never took over");
-        }
+        let took = hand_over(stop_a, a_task, &a_handle, &b_handle).await;
         // The retry period is 500 ms (jittered up to 1.1 s); the watch is immediate.
         assert!(
-            released.elapsed() < Duration::from_millis(50),
-            "b took over {:?} after the release",
-            released.elapsed()
+            took < Duration::from_millis(50),
+            "b took over {took:?} after the release"
         );
         stop_b.cancel();
         b_task.await.expect("b's election loop");
@@ -879,17 +890,10 @@ mod tests {
             !b_lock.miss_next_get.load(std::sync::atomic::Ordering::SeqCst),
             "b has not tried yet"
         );
-        let released = Instant::now();
-        stop_a.cancel();
-        a_task.await.expect("a's election loop");
-        while !b_handle.is_leader() {
-            sleep(Duration::from_millis(1)).await;
-            assert!(released.elapsed() < Duration::from_secs(5), "b never took over");
-        }
+        let took = hand_over(stop_a, a_task, &a_handle, &b_handle).await;
         assert!(
-            released.elapsed() < Duration::from_millis(50),
-            "b took over {:?} after the release: it slept a retry period after its conflict",
-            released.elapsed()
+            took < Duration::from_millis(50),
+            "b took over {took:?} after the release: it slept a retry period after its conflict"
         );
         stop_b.cancel();
         b_task.await.expect("b's election loop");
