@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use nodewarden::cloud::metered::Ration;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::controllers::plan::PlanConfig;
 use nodewarden::operator::{self, OperatorConfig};
@@ -108,6 +109,13 @@ struct RunArgs {
     /// (default: `sim` when --sim-cloud is given, else none).
     #[arg(long, env = "NODEWARDEN_CLOUD", value_parser = ["sim", "aws", "none"])]
     cloud: Option<String>,
+    /// Cloud calls a second, shared by every controller: keep it under the
+    /// account's API quota (a rollout at a high surge is paced by it).
+    #[arg(long, env = "NODEWARDEN_CLOUD_QPS", default_value_t = nodewarden::cloud::metered::DEFAULT_QPS)]
+    cloud_qps: f64,
+    /// Cloud calls at once after a quiet spell (the ration's burst).
+    #[arg(long, env = "NODEWARDEN_CLOUD_BURST", default_value_t = nodewarden::cloud::metered::DEFAULT_BURST)]
+    cloud_burst: u32,
     /// AWS: the cluster's `constellation-uid` tag value (its Auto Scaling groups).
     #[arg(long, env = "NODEWARDEN_AWS_CLUSTER_UID")]
     aws_cluster_uid: Option<String>,
@@ -280,6 +288,8 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         },
         workers: args.workers,
         cloud,
+        cloud_ration: Ration::new(args.cloud_qps, args.cloud_burst)
+            .context("--cloud-qps and --cloud-burst must be positive")?,
         discover_scaling_groups: args.discover_scaling_groups,
         admission,
         bare_metal: match args.sip.as_str() {

@@ -10,7 +10,7 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::cloud::CloudProvider;
-use crate::cloud::metered::MeteredCloud;
+use crate::cloud::metered::{MeteredCloud, Ration};
 use crate::cloud::retry::{RetryPolicy, RetryingCloud};
 use crate::controllers::node_maintenance::MaintenanceConfig;
 use crate::controllers::{App, register_all, scaling_group};
@@ -39,6 +39,8 @@ pub struct OperatorConfig {
     pub workers: usize,
     /// The cloud that replaces nodes; None: no rolling replacement, only maintenance.
     pub cloud: Option<Arc<dyn CloudProvider>>,
+    /// The calls a second to that cloud, shared by every controller.
+    pub cloud_ration: Ration,
     /// Create ScalingGroups (following this NodeVersion) for cloud groups that
     /// have none, while leading.
     pub discover_scaling_groups: Option<String>,
@@ -82,7 +84,11 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
     app.bare_metal = config.bare_metal.unwrap_or(false);
     app.cloud = config.cloud.clone().map(|cloud| {
         // Each attempt is metered and rationed; reads are retried above that.
-        let metered = Arc::new(MeteredCloud::new(cloud, metrics.clone()));
+        let metered = Arc::new(MeteredCloud::rationed(
+            cloud,
+            metrics.clone(),
+            config.cloud_ration,
+        ));
         Arc::new(RetryingCloud::new(metered, RetryPolicy::default())) as Arc<dyn CloudProvider>
     });
     register_all(&mut manager, &app);

@@ -1019,3 +1019,73 @@ async fn a_storm_of_maintenances_deleted_and_recreated_at_random_leaves_nothing_
     op.stop().await;
     env.cleanup().await;
 }
+
+/// A drain that succeeded keeps watching its node's pods for a while, and a
+/// rollout about to delete the node reads them there instead of listing the
+/// node's pods again: a pod bound after the drain shows up, and none shows
+/// once the drain is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_succeeded_drain_still_shows_the_pods_bound_since() {
+    use nodewarden::drain::{DrainEngine, DrainOptions, DrainOutcome};
+    use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector};
+    use tokio_util::sync::CancellationToken;
+
+    let env = TestEnv::new("drain-watch").await;
+    let elector = LeaderElector::new(
+        env.client.clone(),
+        LeaderElectionConfig::new(env.namespace.clone(), "drain-watch", "only"),
+    )
+    .expect("a valid config");
+    let leader = elector.handle();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(elector.run(shutdown.clone()));
+    wait_for("leadership", TIMEOUT, || async {
+        if leader.is_leader() {
+            Probe::Done(())
+        } else {
+            Probe::NotYet("not leading yet".into())
+        }
+    })
+    .await;
+
+    let node = env.create_kwok_nodes(1, &[]).await.remove(0);
+    let engine = DrainEngine::new(env.client.clone(), leader);
+    let owner = "test/drain-watch";
+    assert!(engine.pods_since_success(&node).is_none(), "no drain yet");
+    engine.ensure(&node, owner, DrainOptions::default(), std::sync::Arc::new(|| {}));
+    wait_for("the empty node drained", TIMEOUT, || async {
+        match engine.status(&node).map(|s| s.outcome) {
+            Some(DrainOutcome::Succeeded) => Probe::Done(()),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        engine.pods_since_success(&node).map(|p| p.len()),
+        Some(0),
+        "the drain's watch shows the node empty"
+    );
+
+    bare_pod(&env, "late", &node).await;
+    wait_for("the late pod in the drain's watch", TIMEOUT, || async {
+        let names: Vec<String> = engine
+            .pods_since_success(&node)
+            .unwrap_or_default()
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        if names == ["late"] {
+            Probe::Done(())
+        } else {
+            Probe::NotYet(format!("{names:?}"))
+        }
+    })
+    .await;
+
+    engine.stop(&node, owner);
+    assert!(
+        engine.pods_since_success(&node).is_none(),
+        "a stopped drain shows nothing: the caller lists the pods"
+    );
+    shutdown.cancel();
+}

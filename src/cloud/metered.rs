@@ -21,6 +21,32 @@ pub const DEFAULT_QPS: f64 = 10.0;
 /// See [`DEFAULT_QPS`].
 pub const DEFAULT_BURST: u32 = 20;
 
+/// How many cloud calls a second every controller shares.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ration {
+    /// Calls a second, on average.
+    pub qps: f64,
+    /// Calls at once after a quiet spell.
+    pub burst: u32,
+}
+
+impl Default for Ration {
+    fn default() -> Self {
+        Ration {
+            qps: DEFAULT_QPS,
+            burst: DEFAULT_BURST,
+        }
+    }
+}
+
+impl Ration {
+    /// A ration of `qps` calls a second, bursts of `burst`; None unless
+    /// both are positive (and finite).
+    pub fn new(qps: f64, burst: u32) -> Option<Ration> {
+        (qps.is_finite() && qps > 0.0 && burst > 0).then_some(Ration { qps, burst })
+    }
+}
+
 /// Measures and rations the calls to a provider (see the module docs).
 pub struct MeteredCloud {
     inner: Arc<dyn CloudProvider>,
@@ -33,7 +59,12 @@ pub struct MeteredCloud {
 impl MeteredCloud {
     /// Meters `inner` at [`DEFAULT_QPS`].
     pub fn new(inner: Arc<dyn CloudProvider>, metrics: Metrics) -> Self {
-        Self::with_rate_limit(inner, metrics, DEFAULT_QPS, DEFAULT_BURST)
+        Self::rationed(inner, metrics, Ration::default())
+    }
+
+    /// Meters `inner` at `ration`.
+    pub fn rationed(inner: Arc<dyn CloudProvider>, metrics: Metrics, ration: Ration) -> Self {
+        Self::with_rate_limit(inner, metrics, ration.qps, ration.burst)
     }
 
     /// Meters `inner` at `qps` calls a second, bursts of `burst`.
@@ -146,5 +177,30 @@ impl CloudProvider for MeteredCloud {
 
     fn list_groups(&self) -> CloudFuture<'_, Vec<ScalingGroup>> {
         self.measure(CloudOperation::ListGroups, self.inner.list_groups())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ration;
+
+    #[test]
+    fn a_ration_must_let_calls_through() {
+        let cases = [
+            (10.0, 20, true),
+            (0.5, 1, true),
+            (0.0, 20, false),
+            (-1.0, 20, false),
+            (10.0, 0, false),
+            (f64::NAN, 20, false),
+            (f64::INFINITY, 20, false),
+        ];
+        for (qps, burst, valid) in cases {
+            assert_eq!(
+                Ration::new(qps, burst).is_some(),
+                valid,
+                "{qps} qps, bursts of {burst}"
+            );
+        }
     }
 }

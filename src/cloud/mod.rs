@@ -124,6 +124,11 @@ pub struct CreatedNode {
     pub node_name: String,
     /// The `spec.providerID` its Node will carry.
     pub provider_id: String,
+    /// The image it boots from, when the cloud's answer says: its Node then
+    /// needs no image read when it joins (a call fewer per node, out of the
+    /// ration a rollout at a high surge is paced by).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// An instance's state in the cloud. The names are those of Constellation's

@@ -162,6 +162,7 @@ mod tests {
                 self.answer().map(|()| CreatedNode {
                     node_name: "n".into(),
                     provider_id: "p".into(),
+                    image: None,
                 })
             })
         }

@@ -24,6 +24,7 @@ use kube::api::{Api, DeleteParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use crate::cloud::CloudProvider;
+use crate::drain::DrainEngine;
 use crate::runtime::controller::{FailureReporter, Object, Predicate};
 use crate::runtime::error::Category;
 use crate::runtime::leader::LeaderHandle;
@@ -54,6 +55,8 @@ pub struct App {
     pub plans: plan::PlanConfig,
     /// metal3's BareMetalHost API is there: SIPClusters are served.
     pub bare_metal: bool,
+    /// The drains this replica runs (NodeMaintenances' and so rollouts').
+    pub drains: DrainEngine,
 }
 
 impl App {
@@ -75,6 +78,7 @@ impl App {
             maintenance: Default::default(),
             plans: Default::default(),
             bare_metal: false,
+            drains: DrainEngine::new(manager.client().clone(), manager.leader()),
         }
     }
 

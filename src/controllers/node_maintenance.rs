@@ -882,7 +882,7 @@ pub fn register(manager: &mut Manager, app: &App) {
     let kubevirt = manager.store::<kubevirt::NodeMaintenance>(&app.objects);
     index_by_node(&medik8s);
     index_by_node(&kubevirt);
-    let engine = DrainEngine::new(app.client.clone(), app.leader.clone());
+    let engine = app.drains.clone();
     let ctx = Arc::new(MaintenanceContext {
         client: app.client.clone(),
         leader: app.leader.clone(),

@@ -26,14 +26,14 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::App;
-use super::pending_node::join_deadline;
+use super::pending_node::{CREATED_IMAGE_ANNOTATION, created_patch};
 use super::replacement_trace::{
-    CREATED_AT_ANNOTATION, FinishedReplacement, SentRoots, TRACE_FLUSH_TIMEOUT, drain_annotations,
-    trace_create, trace_delete_instance, trace_join, trace_node_deleted, trace_replacement,
-    trace_rollout_end, trace_surplus, trace_transfer,
+    FinishedReplacement, SentRoots, TRACE_FLUSH_TIMEOUT, drain_annotations, trace_create,
+    trace_delete_instance, trace_join, trace_node_deleted, trace_replacement, trace_rollout_end,
+    trace_surplus, trace_transfer,
 };
 use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
-use super::{delete_if_present, node_is_ready};
+use super::{delete_if_present, node_is_ready, node_maintenance};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::update::{
@@ -46,6 +46,7 @@ use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
 use crate::runtime::store::{Key, ObjectKey, Store};
+use crate::runtime::workqueue::WorkQueue;
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
 use crate::telemetry::trace::{
@@ -107,6 +108,7 @@ pub fn register(manager: &mut Manager, app: &App) {
     // Read, not watched: the autoscaler's strategies.
     let strategies = c.reads::<AutoscalingStrategy>(&app.objects);
     c.on_failure(app.report_failures());
+    let queue = c.queue();
     c.register(NodeVersionReconciler {
         client: app.client.clone(),
         cloud,
@@ -119,6 +121,10 @@ pub fn register(manager: &mut Manager, app: &App) {
         metrics: app.metrics.clone(),
         recorder: app.recorder.clone(),
         sent_roots: SentRoots::default(),
+        status_writes: StatusWrites::default(),
+        queue,
+        drains: app.drains.clone(),
+        retired: Retired::default(),
         node_source: app.nodes.clone(),
         object_source: app.objects.clone(),
     });
@@ -148,6 +154,15 @@ pub struct NodeVersionReconciler {
     pub recorder: kube::runtime::events::Recorder,
     /// Replacement roots this replica sent.
     pub sent_roots: SentRoots,
+    /// Status writes in flight.
+    pub status_writes: StatusWrites,
+    /// The drains of this replica: a drained node's pods as its drain's
+    /// watch sees them (see `evict_stragglers`).
+    pub drains: crate::drain::DrainEngine,
+    /// Nodes this replica deleted that the store may still show.
+    pub retired: Retired,
+    /// This controller's queue (a failed status write queues its object).
+    pub queue: WorkQueue<Key<NodeVersion>>,
     /// The Nodes the `nodes` store watches, for a fresh read.
     pub node_source: Source,
     /// The PendingNodes the `pending` store watches, for a fresh read.
@@ -495,8 +510,8 @@ impl NodeVersionReconciler {
     /// plan (pure), carry out step by step, report.
     async fn roll_out(&self, nv: &Arc<NodeVersion>) -> Result<Action> {
         let nv_name = nv.name_any();
-        self.annotate_unknown_nodes().await?;
-        let scope = self.scope(nv);
+        let annotated = self.annotate_unknown_nodes().await?;
+        let scope = self.scope(nv, annotated);
         let joins = self.settle_joins(nv, &scope).await?;
         let node_facts = self.node_facts(nv, &scope, &joins);
         let facts = facts(nv, &scope, &node_facts, &joins);
@@ -547,8 +562,11 @@ impl NodeVersionReconciler {
             .collect()
     }
 
-    /// The groups following `nv`, and their nodes and PendingNodes (reads only).
-    fn scope(&self, nv: &NodeVersion) -> Scope {
+    /// The groups following `nv`, and their nodes and PendingNodes (reads
+    /// only). `annotated`: nodes this pass just wrote, as the API server
+    /// answered, in place of the store's older copies: a node annotated now
+    /// can be paired in this pass, not only in the one its watch event starts.
+    fn scope(&self, nv: &NodeVersion, annotated: Vec<Node>) -> Scope {
         let nv_name = nv.name_any();
         let groups: Vec<GroupFacts> = self
             .groups
@@ -566,7 +584,16 @@ impl NodeVersionReconciler {
                     == Some(nv.spec.image.as_str()),
             })
             .collect();
-        Scope::of(groups, self.nodes.list(), self.pending.list())
+        let mut nodes = self.nodes.list();
+        self.retired.forget_gone(&nodes);
+        nodes.retain(|n| !self.retired.contains(n));
+        for written in annotated {
+            let name = written.name_any();
+            if let Some(slot) = nodes.iter_mut().find(|n| n.name_any() == name) {
+                *slot = Arc::new(written);
+            }
+        }
+        Scope::of(groups, nodes, self.pending.list())
     }
 
     /// Sorts the Join PendingNodes: nodes still joining, nodes that joined
@@ -703,6 +730,8 @@ impl NodeVersionReconciler {
         if nv.status.as_ref().map(|s| &s.conditions) == Some(&conditions) {
             return Ok(());
         }
+        // After the last pass's status: that write would undo this one.
+        self.status_writes.settle(&nv.name_any()).await;
         let api: Api<NodeVersion> = Api::all(self.client.clone());
         api.patch_status(
             &nv.name_any(),
@@ -713,10 +742,12 @@ impl NodeVersionReconciler {
         Ok(())
     }
     /// Nodes with a provider ID but no group or image annotation: ask the
-    /// cloud once. A node this operator created is in the
-    /// group its PendingNode names, so only its image is asked: every call
+    /// cloud once. A node this operator created is in the group its
+    /// PendingNode names, on the image the cloud's answer to its create named
+    /// (when it did): only what is not known is asked, since every call
     /// spends the cloud budget that a rollout at a high surge is bound by.
-    async fn annotate_unknown_nodes(&self) -> Result<()> {
+    /// Returns the nodes as written.
+    async fn annotate_unknown_nodes(&self) -> Result<Vec<Node>> {
         let unknown: Vec<Arc<Node>> = self
             .nodes
             .list()
@@ -729,49 +760,67 @@ impl NodeVersionReconciler {
             })
             .collect();
         if unknown.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        let created_in: HashMap<String, String> = self
+        let created: HashMap<String, Known> = self
             .pending
             .list()
             .iter()
             .filter(|p| p.spec.goal.unwrap_or(PendingNodeGoal::Join) == PendingNodeGoal::Join)
-            .map(|p| (p.spec.node_name.clone(), p.spec.group_id.clone()))
+            .map(|p| {
+                let image = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(CREATED_IMAGE_ANNOTATION))
+                    .filter(|i| !i.is_empty())
+                    .cloned();
+                let known = Known {
+                    group: (!p.spec.group_id.is_empty()).then(|| p.spec.group_id.clone()),
+                    image,
+                };
+                (p.spec.node_name.clone(), known)
+            })
             .collect();
         // One after another: with the cloud down, the first failure ends the
         // pass, and the backoff (not the number of new nodes) sets how often
         // the cloud is asked.
+        let mut annotated = Vec::new();
         for node in unknown {
-            let group = created_in.get(&node.name_any()).cloned();
-            self.annotate(node, group).await?;
+            let known = created.get(&node.name_any()).cloned().unwrap_or_default();
+            annotated.extend(self.annotate(node, known).await?);
         }
-        Ok(())
+        Ok(annotated)
     }
 
     /// Writes a node's group and image annotations, asking the cloud for
     /// what is not known.
-    async fn annotate(&self, node: Arc<Node>, group: Option<String>) -> Result<()> {
+    /// Returns the node as written (None: not a node of this cloud).
+    async fn annotate(&self, node: Arc<Node>, known: Known) -> Result<Option<Node>> {
         let provider_id = node
             .spec
             .as_ref()
             .and_then(|s| s.provider_id.as_deref())
             .unwrap_or_default();
-        let group = match group {
-            Some(g) if !g.is_empty() => g,
-            _ => match self.cloud.node_group(provider_id).await {
+        let group = match known.group {
+            Some(g) => g,
+            None => match self.cloud.node_group(provider_id).await {
                 Ok(g) => g,
                 // Not a node of this cloud: it stays unmanaged.
-                Err(e) if !e.retryable() => return Ok(()),
+                Err(e) if !e.retryable() => return Ok(None),
                 Err(e) => return Err(e.into()),
             },
         };
-        let image = self.cloud.node_image(provider_id).await?;
+        let image = match known.image {
+            Some(image) => image,
+            None => self.cloud.node_image(provider_id).await?,
+        };
         let patch = json!({"metadata": {"annotations": {GROUP_ANNOTATION: group, IMAGE_ANNOTATION: image}}});
         let nodes: Api<Node> = Api::all(self.client.clone());
-        nodes
+        let written = nodes
             .patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        Ok(())
+        Ok(Some(written))
     }
 
     /// Carries out a pass's steps side by side. The planner gives a node at
@@ -817,7 +866,7 @@ impl NodeVersionReconciler {
                     if node_is_ready(&paired_heir) {
                         self.drain(nv, donor, Some(&paired_donor)).await?;
                     }
-                    Ok(())
+                    self.release_join(heir).await
                 }
                 None => Ok(()),
             },
@@ -848,8 +897,7 @@ impl NodeVersionReconciler {
     }
 
     /// Pairs a joined heir with its donor: the heir inherits the donor's
-    /// labels, both carry the replacement's trace and name each other, and
-    /// the heir's PendingNode goes.
+    /// labels, and both carry the replacement's trace and name each other.
     ///
     /// The pairing is decided on the cache, which can lag: a leader that just
     /// took over with a watch still reconnecting would pair an heir its
@@ -866,7 +914,7 @@ impl NodeVersionReconciler {
     ) -> Result<(Node, Node)> {
         let node_api: Api<Node> = Api::all(self.client.clone());
         let donor = donor_node.name_any();
-        let (fresh_donor, fresh_heir) = (node_api.get(&donor).await?, node_api.get(heir).await?);
+        let (fresh_donor, fresh_heir) = tokio::try_join!(node_api.get(&donor), node_api.get(heir))?;
         if let Some(reason) = pairing_taken(&fresh_donor, &fresh_heir) {
             return Err(Error::Changed {
                 kind: "Node",
@@ -918,12 +966,17 @@ impl NodeVersionReconciler {
         if let Some((tp, _)) = replacement {
             trace_transfer(&tp, transfer_started, heir, &donor, labels.len()).await;
         }
-        // The heir joined: its PendingNode has done its job.
+        Ok((paired_heir, paired_donor))
+    }
+
+    /// The heir joined and is paired: its PendingNode has done its job. (A
+    /// leader that stops before this leaves it to `settle_joins`.)
+    async fn release_join(&self, heir: &str) -> Result<()> {
         let pending: Api<PendingNode> = Api::all(self.client.clone());
         for p in self.pending.list().iter().filter(|p| p.spec.node_name == heir) {
             delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
         }
-        Ok((paired_heir, paired_donor))
+        Ok(())
     }
 
     /// Drains `node` through a NodeMaintenance of its own (created once).
@@ -939,16 +992,24 @@ impl NodeVersionReconciler {
         if let Some(timeout) = &nv.spec.rollout.drain_timeout {
             spec["drainTimeout"] = json!(timeout);
         }
+        let mut metadata = json!({
+            "name": drain_name(node),
+            // The NodeVersion's labels: an operator scoped by an object
+            // selector sees the maintenances its rollouts create.
+            "labels": nv.labels(),
+            "annotations": drain_annotations(found),
+            // What the maintenance controller would write first (two writes
+            // and a watch event less before the drain starts).
+            "finalizers": [node_maintenance::FINALIZER],
+        });
+        if let Some(uid) = found.and_then(|n| n.metadata.uid.as_deref()) {
+            metadata["ownerReferences"] =
+                json!([{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]);
+        }
         let nm: medik8s::NodeMaintenance = serde_json::from_value(json!({
             "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
             "kind": "NodeMaintenance",
-            // The NodeVersion's labels: an operator scoped by an object
-            // selector sees the maintenances its rollouts create.
-            "metadata": {
-                "name": drain_name(node),
-                "labels": nv.labels(),
-                "annotations": drain_annotations(found),
-            },
+            "metadata": metadata,
             "spec": spec,
         }))?;
         let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.client.clone());
@@ -971,8 +1032,11 @@ impl NodeVersionReconciler {
         let group = annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string();
         let replacement = trace::from_annotations(n.metadata.annotations.as_ref());
         self.leader.ensure_leader()?;
+        let began = std::time::Instant::now();
         self.evict_stragglers(&node).await?;
+        let stragglers_checked = began.elapsed();
         self.track_leave(&node, &provider_id, &group).await?;
+        let leave_tracked = began.elapsed();
         self.leader.ensure_leader()?;
         let deleting_instance = SystemTime::now();
         let known = match self.cloud.delete_node(&provider_id).await {
@@ -1010,27 +1074,37 @@ impl NodeVersionReconciler {
         // call that deleted it finishes the replacement.
         let node_api: Api<Node> = Api::all(self.client.clone());
         if delete_if_present(&node_api, &node, &params).await? {
+            self.retired.add(n);
             self.finish_replacement(nv, &finished, replacement.as_ref(), deleting_node);
         }
+        // Where a retirement's time goes (each figure counts from its start).
+        tracing::debug!(%node, ?stragglers_checked, ?leave_tracked, took = ?began.elapsed(), "retired");
         Ok(())
     }
 
-    /// The last look before a drained node goes, read fresh from the API
-    /// server: a pod bound after the drain ended (a scheduler whose cache had
-    /// not seen the cordon yet, say after an API server restart) would go
-    /// down with the Node. Such pods are evicted (budgets still apply) and
-    /// the node is retired on a later pass, once none is left.
+    /// The last look before a drained node goes: a pod bound after the drain
+    /// ended (a scheduler whose cache had not seen the cordon yet, say after
+    /// an API server restart) would go down with the Node. Such pods are
+    /// evicted (budgets still apply) and the node is retired on a later
+    /// pass, once none is left. The pods are those the drain's own watch
+    /// shows, while it is connected; else they are listed, read fresh (a
+    /// read that waits up to 0.1 s for the API server's pod cache).
     async fn evict_stragglers(&self, node: &str) -> Result<()> {
         use crate::drain::pods::{PodClass, classify};
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        let left: Vec<Pod> = pods
-            .list(&on_node)
-            .await?
-            .items
-            .into_iter()
-            .filter(|p| classify(p) == PodClass::Evict)
-            .collect();
+        let left: Vec<Arc<Pod>> = match self.drains.pods_since_success(node) {
+            Some(watched) => watched,
+            None => {
+                let pods: Api<Pod> = Api::all(self.client.clone());
+                let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+                pods.list(&on_node)
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|p| classify(p) == PodClass::Evict)
+                    .map(Arc::new)
+                    .collect()
+            }
+        };
         if left.is_empty() {
             return Ok(());
         }
@@ -1109,14 +1183,7 @@ impl NodeVersionReconciler {
         );
         trace::flush(TRACE_FLUSH_TIMEOUT).await;
         // The join timeout counts from the cloud's answer (see join_deadline).
-        let patch = json!({
-            "metadata": {"annotations": {CREATED_AT_ANNOTATION: trace::format_time(accepted)}},
-            "spec": {
-                "providerID": created.provider_id,
-                "nodeName": created.node_name,
-                "deadline": join_deadline(&written, accepted),
-            },
-        });
+        let patch = created_patch(&written, &created, accepted);
         pending
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -1423,16 +1490,13 @@ impl NodeVersionReconciler {
             nv.metadata.generation,
             Timestamp::now(),
         );
-        if Some(&status) == nv.status.as_ref() {
+        // The last pass's write first: merge patches land in order.
+        let in_flight = self.status_writes.settle(&nv.name_any()).await;
+        if Some(&status) == nv.status.as_ref() || in_flight.as_ref() == Some(&status) {
             return Ok(());
         }
-        let api: Api<NodeVersion> = Api::all(self.client.clone());
-        api.patch_status(
-            &nv.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": status})),
-        )
-        .await?;
+        self.status_writes
+            .start(self.client.clone(), &self.queue, nv, status.clone());
         let degraded = |conditions: &[Condition]| {
             conditions
                 .iter()
@@ -1452,6 +1516,102 @@ impl NodeVersionReconciler {
         }
         Ok(())
     }
+}
+
+/// Each NodeVersion's last status write, carried out while the next pass
+/// runs: a pass that waited for its write held up the next one (a write takes
+/// 5 to 20 ms, and every step of a replacement waits for a pass). Passes of
+/// one NodeVersion never overlap, and each waits for the last write before
+/// its own, so writes land in order. A failed write queues the NodeVersion
+/// again, whose next pass writes the status anew.
+#[derive(Default)]
+pub struct StatusWrites(std::sync::Mutex<HashMap<String, StatusWrite>>);
+
+struct StatusWrite {
+    status: NodeVersionStatus,
+    task: tokio::task::JoinHandle<bool>,
+}
+
+impl StatusWrites {
+    /// Waits for `name`'s write in flight, if any; returns the status it
+    /// wrote (None if none was in flight or it failed).
+    async fn settle(&self, name: &str) -> Option<NodeVersionStatus> {
+        let last = crate::runtime::rate_limiter::lock(&self.0).remove(name)?;
+        match last.task.await {
+            Ok(true) => Some(last.status),
+            _ => None,
+        }
+    }
+
+    /// Writes `status` onto `nv` in the background.
+    fn start(
+        &self,
+        client: Client,
+        queue: &WorkQueue<Key<NodeVersion>>,
+        nv: &NodeVersion,
+        status: NodeVersionStatus,
+    ) {
+        let name = nv.name_any();
+        let (queue, key) = (queue.clone(), Key::<NodeVersion>::cluster(&name));
+        let patch = json!({"status": &status});
+        let write_name = name.clone();
+        let task = tokio::spawn(async move {
+            let api: Api<NodeVersion> = Api::all(client);
+            match api
+                .patch_status(&write_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(nodeversion = %write_name, error = %e, "writing the rollout's status failed; looking again");
+                    queue.add(key);
+                    false
+                }
+            }
+        });
+        crate::runtime::rate_limiter::lock(&self.0).insert(name, StatusWrite { status, task });
+    }
+}
+
+/// Nodes this replica deleted, by UID, until the store no longer shows them:
+/// a pass that began before the deletion's watch event arrived would take
+/// the node for one still to retire, and retire it again (a tenth of a
+/// second of reads and writes that held up the next create).
+#[derive(Default)]
+pub struct Retired(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl Retired {
+    fn add(&self, node: &Node) {
+        if let Some(uid) = &node.metadata.uid {
+            crate::runtime::rate_limiter::lock(&self.0).insert(uid.clone());
+        }
+    }
+
+    fn contains(&self, node: &Node) -> bool {
+        node.metadata
+            .uid
+            .as_ref()
+            .is_some_and(|uid| crate::runtime::rate_limiter::lock(&self.0).contains(uid))
+    }
+
+    /// Forgets the nodes `shown` no longer has.
+    fn forget_gone(&self, shown: &[Arc<Node>]) {
+        let mut retired = crate::runtime::rate_limiter::lock(&self.0);
+        if retired.is_empty() {
+            return;
+        }
+        let present: std::collections::HashSet<&str> =
+            shown.iter().filter_map(|n| n.metadata.uid.as_deref()).collect();
+        retired.retain(|uid| present.contains(uid.as_str()));
+    }
+}
+
+/// What nodewarden knows of a node it created, from its PendingNode: no
+/// need to ask the cloud for it.
+#[derive(Clone, Debug, Default)]
+struct Known {
+    group: Option<String>,
+    image: Option<String>,
 }
 
 #[cfg(test)]
@@ -1474,6 +1634,24 @@ mod tests {
             ready: true,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_retired_node_is_hidden_until_the_store_drops_it() {
+        let node = |name: &str, uid: &str| -> Arc<Node> {
+            Arc::new(serde_json::from_value(json!({"metadata": {"name": name, "uid": uid}})).expect("a Node"))
+        };
+        let (old, other) = (node("old-1", "u-1"), node("old-2", "u-2"));
+        let retired = Retired::default();
+        retired.add(&old);
+        assert!(retired.contains(&old));
+        assert!(!retired.contains(&other));
+        // A new node of the same name is another node.
+        assert!(!retired.contains(&node("old-1", "u-9")));
+        retired.forget_gone(&[old.clone(), other.clone()]);
+        assert!(retired.contains(&old), "the store still shows it");
+        retired.forget_gone(std::slice::from_ref(&other));
+        assert!(!retired.contains(&old), "forgotten once the store dropped it");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use super::node_version::HEIR_ANNOTATION;
 use super::replacement_trace::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
 use super::{delete_if_present, node_is_ready};
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
-use crate::cloud::{CloudProvider, CreateNodeRequest, InstanceState};
+use crate::cloud::{CloudProvider, CreateNodeRequest, CreatedNode, InstanceState};
 use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
@@ -157,6 +157,33 @@ pub fn join_deadline(pn: &PendingNode, created: std::time::SystemTime) -> Option
         .checked_add(timeout)
         .ok()
         .map(Time)
+}
+
+/// On a PendingNode: the image its instance boots from, as the cloud's
+/// answer to the create said. Its Node is annotated with it on joining,
+/// without asking the cloud again.
+pub const CREATED_IMAGE_ANNOTATION: &str = "nodewarden.dev/instance-image";
+
+/// The patch that records the cloud's answer to `pn`'s create, accepted at
+/// `accepted`: the instance's provider ID and Node name, the join deadline
+/// counted from the answer, and when (and on which image) it was made.
+pub fn created_patch(
+    pn: &PendingNode,
+    created: &CreatedNode,
+    accepted: std::time::SystemTime,
+) -> serde_json::Value {
+    let mut annotations = json!({CREATED_AT_ANNOTATION: trace::format_time(accepted)});
+    if let Some(image) = created.image.as_deref().filter(|i| !i.is_empty()) {
+        annotations[CREATED_IMAGE_ANNOTATION] = json!(image);
+    }
+    json!({
+        "metadata": {"annotations": annotations},
+        "spec": {
+            "providerID": created.provider_id,
+            "nodeName": created.node_name,
+            "deadline": join_deadline(pn, accepted),
+        },
+    })
 }
 
 /// On a PendingNode whose instance did not join in time (and is being
@@ -440,14 +467,7 @@ impl PendingNodeReconciler {
             trace_create(&tp, started, accepted, group, &name, &created.provider_id, true);
             trace::flush(TRACE_FLUSH_TIMEOUT).await;
         }
-        let patch = json!({
-            "metadata": {"annotations": {CREATED_AT_ANNOTATION: trace::format_time(accepted)}},
-            "spec": {
-                "providerID": created.provider_id,
-                "nodeName": created.node_name,
-                "deadline": join_deadline(pn, accepted),
-            },
-        });
+        let patch = created_patch(pn, &created, accepted);
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         Ok(Action::RequeueAfter(POLL))
@@ -519,6 +539,57 @@ mod tests {
             None
         );
         assert_eq!(accepted_within(&bare(), within), None);
+    }
+
+    #[test]
+    fn the_answer_to_a_create_is_recorded_with_its_image_when_the_cloud_named_one() {
+        let written = Timestamp::from_second(1_000).expect("a time");
+        let mut pn = PendingNode::new(
+            "join-1",
+            crate::api::update::PendingNodeSpec {
+                provider_id: String::new(),
+                group_id: "g".into(),
+                node_name: String::new(),
+                goal: Some(Join),
+                deadline: Some(Time(
+                    written
+                        .checked_add(SignedDuration::from_secs(600))
+                        .expect("a time"),
+                )),
+            },
+        );
+        pn.metadata.creation_timestamp = Some(Time(written));
+        let accepted = std::time::SystemTime::from(written) + Duration::from_secs(30);
+        let answer = |image: Option<&str>| CreatedNode {
+            node_name: "i-1".into(),
+            provider_id: "sim://g/i-1".into(),
+            image: image.map(str::to_string),
+        };
+        let cases = [
+            (Some("img-2"), Some("img-2")),
+            (None, None),
+            // An empty image is no answer: the Node's image is read at the cloud.
+            (Some(""), None),
+        ];
+        for (image, recorded) in cases {
+            let patch = created_patch(&pn, &answer(image), accepted);
+            assert_eq!(
+                patch["metadata"]["annotations"][CREATED_IMAGE_ANNOTATION].as_str(),
+                recorded,
+                "{image:?}"
+            );
+            assert_eq!(patch["spec"]["providerID"], "sim://g/i-1");
+            assert_eq!(patch["spec"]["nodeName"], "i-1");
+            assert_eq!(
+                patch["spec"]["deadline"],
+                json!(Time(
+                    written
+                        .checked_add(SignedDuration::from_secs(630))
+                        .expect("a time")
+                )),
+                "the join timeout counts from the answer"
+            );
+        }
     }
 
     #[test]

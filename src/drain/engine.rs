@@ -14,7 +14,7 @@
 //! drain whose replica stops leading ends, and the next leader starts it again.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -38,6 +38,11 @@ const EVICTION_CONCURRENCY: usize = 16;
 /// With nothing blocked, a drain still looks again this often (a missed pod
 /// event can only delay it this long).
 const IDLE_RECHECK: Duration = Duration::from_secs(30);
+/// How long a drain that succeeded keeps watching its node's pods: whoever
+/// acts on the drained node next (a rollout deleting it) sees a pod bound
+/// since then without listing the node's pods again (see
+/// [`DrainEngine::pods_since_success`]).
+const WATCH_AFTER_SUCCESS: Duration = Duration::from_secs(60);
 
 /// How a drain runs: its timeout and what happens when it passes.
 #[derive(Clone, Debug)]
@@ -139,6 +144,8 @@ pub type OnChange = Arc<dyn Fn() + Send + Sync>;
 
 struct Drain {
     status: Arc<Mutex<DrainStatus>>,
+    /// The node's pods, once listed.
+    pods: Arc<OnceLock<Store<Pod>>>,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -190,8 +197,10 @@ impl DrainEngine {
             .clone();
         // Subscribed before the first eviction, so no freeing is missed.
         let freed = budgets.subscribe();
+        let pods = Arc::new(OnceLock::new());
         let run = DrainRun {
             budgets,
+            pods: pods.clone(),
             client: self.client.clone(),
             leader: self.leader.clone(),
             node: node.to_string(),
@@ -203,13 +212,39 @@ impl DrainEngine {
         tracing::info!(node, owner, "drain started");
         let task = tokio::spawn(run.run(freed));
         let snapshot = lock(&status).clone();
-        drains.insert(node.to_string(), Drain { status, cancel, task });
+        drains.insert(
+            node.to_string(),
+            Drain {
+                status,
+                pods,
+                cancel,
+                task,
+            },
+        );
         snapshot
     }
 
     /// The status of the drain of `node`, whoever owns it, if there is one.
     pub fn status(&self, node: &str) -> Option<DrainStatus> {
         lock(&self.drains).get(node).map(|d| lock(&d.status).clone())
+    }
+
+    /// The pods to evict on `node` now, from the pod watch of a drain of it
+    /// that succeeded, while that watch is connected (for a while after the
+    /// success). None: no such watch; list the node's pods instead.
+    ///
+    /// Why: a list of one node's pods that must be current waits for the API
+    /// server's pod cache to catch up, up to a tenth of a second where pods
+    /// change seldom, and a rollout looks once more before it deletes a
+    /// drained node. The watch shows the same pods as soon as they change.
+    pub fn pods_since_success(&self, node: &str) -> Option<Vec<Arc<Pod>>> {
+        let drains = lock(&self.drains);
+        let drain = drains.get(node)?;
+        if lock(&drain.status).outcome != DrainOutcome::Succeeded || drain.task.is_finished() {
+            return None;
+        }
+        let pods = drain.pods.get().filter(|p| p.is_current())?;
+        Some(to_evict(&pods.list()))
     }
 
     /// Stops `owner`'s drain of `node` (if any) and forgets it.
@@ -248,6 +283,7 @@ impl DrainEngine {
 struct DrainRun {
     client: Client,
     budgets: Arc<BudgetWatch>,
+    pods: Arc<OnceLock<Store<Pod>>>,
     leader: LeaderHandle,
     node: String,
     options: DrainOptions,
@@ -317,10 +353,20 @@ impl DrainRun {
             return;
         };
         let started = lock(&self.status).started;
+        tracing::debug!(node = %self.node, elapsed = ?started.elapsed(), "drain: the node's pods are listed");
+        let _ = self.pods.set(watch.store.clone());
         let mut backoff = Backoff::new(self.options.retry);
         let mut first = true;
         loop {
             let wait = match self.step(&watch.store, started, &mut backoff, first).await {
+                Step::Done if lock(&self.status).outcome == DrainOutcome::Succeeded => {
+                    // The watch goes on for a while (see WATCH_AFTER_SUCCESS).
+                    tokio::select! {
+                        _ = self.cancel.cancelled() => {}
+                        _ = tokio::time::sleep(WATCH_AFTER_SUCCESS) => {}
+                    }
+                    return;
+                }
                 Step::Done => return,
                 Step::Wait(wait) => wait,
             };

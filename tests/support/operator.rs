@@ -74,6 +74,7 @@ impl TestEnv {
             maintenance,
             workers: 8,
             cloud,
+            cloud_ration: Default::default(),
             discover_scaling_groups: None,
             admission: None,
             // Every test's operator serves SIPClusters: install_crds installs metal3's API.

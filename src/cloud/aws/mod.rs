@@ -370,6 +370,7 @@ impl AwsProvider {
         Ok(CreatedNode {
             node_name: node_name(&instance),
             provider_id: format!("aws:///{zone}/{id}"),
+            image: instance.image_id.clone(),
         })
     }
 

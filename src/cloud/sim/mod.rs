@@ -205,6 +205,7 @@ impl CloudProvider for SimProvider {
             Ok(CreatedNode {
                 node_name: view.instance.name,
                 provider_id: view.provider_id,
+                image: Some(view.instance.image),
             })
         })
     }
