@@ -312,6 +312,16 @@ fn main() {
             surges: vec![1, 3],
         }
     };
+    // NODEWARDEN_ROLLOUT_SURGES=1,3 times only those surges (to look at one).
+    if let Ok(surges) = std::env::var("NODEWARDEN_ROLLOUT_SURGES") {
+        let mut scenario = scenario;
+        scenario.surges = surges.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+        return run_main(scenario, full);
+    }
+    run_main(scenario, full)
+}
+
+fn run_main(scenario: Scenario, full: bool) {
     let command = if full {
         "cargo bench --bench rollout"
     } else {

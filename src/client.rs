@@ -7,8 +7,12 @@
 
 use std::path::Path;
 
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use tower::{BoxError, ServiceBuilder};
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +54,35 @@ pub async fn build(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
     from_config(config)
 }
 
-/// A client from `config`, with kube's hidden retries switched off.
+/// A client from `config`: kube's own stack, less its hidden retries, on
+/// connections that send each request at once.
+///
+/// kube leaves Nagle's algorithm on. A request then waits for the API
+/// server to acknowledge the connection's previous segment, which Linux
+/// delays by up to 40 ms: a pod list served from the API server's cache in
+/// 4 ms took 50 to 60 ms in a rollout. Go's net package, and so client-go,
+/// sets TCP_NODELAY on every connection; so does this client.
 pub fn from_config(mut config: Config) -> Result<Client, ClientError> {
-    config.default_retry = false;
-    Ok(Client::try_from(config)?)
+    if config.proxy_url.is_some() {
+        // Through a proxy: kube's own connectors (they speak to proxies).
+        config.default_retry = false;
+        return Ok(Client::try_from(config)?);
+    }
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_nodelay(true);
+    let tls = config.rustls_https_connector_with_connector(tcp)?;
+    let mut connector = hyper_timeout::TimeoutConnector::new(tls);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let http = hyper_util::client::legacy::Builder::new(TokioExecutor::new()).build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(http);
+    Ok(Client::new(service, config.default_namespace))
 }

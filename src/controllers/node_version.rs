@@ -717,9 +717,13 @@ impl NodeVersionReconciler {
     /// Degraded=True, reason CloudError, with the cloud's message (cleared by
     /// the next pass that gets through).
     async fn report_cloud_error(&self, nv: &NodeVersion, error: &crate::cloud::CloudError) -> Result<()> {
-        let mut conditions = nv.status_or_default().conditions;
+        // After the last pass's status (that write would undo this one), and
+        // built on it.
+        let mut status = self.status_writes.latest(nv).await;
+        let before = status.conditions.clone();
+        let conditions = &mut status.conditions;
         set_condition(
-            &mut conditions,
+            conditions,
             condition::DEGRADED,
             true,
             reason::CLOUD_ERROR,
@@ -727,18 +731,19 @@ impl NodeVersionReconciler {
             nv.metadata.generation,
             Timestamp::now(),
         );
-        if nv.status.as_ref().map(|s| &s.conditions) == Some(&conditions) {
+        if status.conditions == before {
             return Ok(());
         }
-        // After the last pass's status: that write would undo this one.
-        self.status_writes.settle(&nv.name_any()).await;
         let api: Api<NodeVersion> = Api::all(self.client.clone());
-        api.patch_status(
-            &nv.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"conditions": conditions}})),
-        )
-        .await?;
+        let written = api
+            .patch_status(
+                &nv.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"conditions": &status.conditions}})),
+            )
+            .await?;
+        self.status_writes
+            .written(&nv.name_any(), status, written.metadata.resource_version);
         Ok(())
     }
     /// Nodes with a provider ID but no group or image annotation: ask the
@@ -859,6 +864,11 @@ impl NodeVersionReconciler {
         match step {
             Step::Pair { donor, heir } => match find(donor) {
                 Some(donor_node) => {
+                    if find(heir).is_some_and(|h| node_is_ready(&h)) {
+                        // Its drain follows the pairing: the node's pods are
+                        // listed meanwhile.
+                        self.drains.prepare(donor);
+                    }
                     let (paired_heir, paired_donor) = self.pair(&donor_node, heir, find(heir)).await?;
                     // With a Ready heir the next pass would only request the
                     // donor's drain: request it now, a pass earlier (a wave
@@ -988,6 +998,9 @@ impl NodeVersionReconciler {
         {
             return Ok(());
         }
+        // The drain's pod list starts now, while the maintenance is written
+        // and taken up.
+        self.drains.prepare(node);
         let mut spec = json!({"nodeName": node, "reason": format!("replaced by nodewarden (NodeVersion {})", nv.name_any())});
         if let Some(timeout) = &nv.spec.rollout.drain_timeout {
             spec["drainTimeout"] = json!(timeout);
@@ -1430,7 +1443,10 @@ impl NodeVersionReconciler {
         steps: &[Step],
         problems: &Problems,
     ) -> Result<()> {
-        let mut status: NodeVersionStatus = nv.status_or_default();
+        // The last write landed first (merge patches land in order), and
+        // the status is built on it.
+        let base = self.status_writes.latest(nv).await;
+        let mut status = base.clone();
         let nodes = |f: fn(&NodeFacts) -> bool| {
             facts
                 .nodes
@@ -1490,9 +1506,7 @@ impl NodeVersionReconciler {
             nv.metadata.generation,
             Timestamp::now(),
         );
-        // The last pass's write first: merge patches land in order.
-        let in_flight = self.status_writes.settle(&nv.name_any()).await;
-        if Some(&status) == nv.status.as_ref() || in_flight.as_ref() == Some(&status) {
+        if status == base {
             return Ok(());
         }
         self.status_writes
@@ -1503,7 +1517,7 @@ impl NodeVersionReconciler {
                 .find(|c| c.type_ == condition::DEGRADED && c.status == "True")
                 .map(|c| (c.reason.clone(), c.message.clone()))
         };
-        let before = nv.status.as_ref().and_then(|s| degraded(&s.conditions));
+        let before = degraded(&base.conditions);
         if let Some((reason, message)) = degraded(&status.conditions)
             && before.as_ref().map(|b| &b.0) != Some(&reason)
         {
@@ -1524,22 +1538,64 @@ impl NodeVersionReconciler {
 /// one NodeVersion never overlap, and each waits for the last write before
 /// its own, so writes land in order. A failed write queues the NodeVersion
 /// again, whose next pass writes the status anew.
+///
+/// A pass builds on the status last written, not on the store's copy while
+/// the store has not caught up with that write: built on a copy one write
+/// behind, conditions took their transition times from it, each pass undid
+/// the last one's, and every write woke the next pass (dozens of writes a
+/// second, while nothing changed, in a rollout's busiest moments).
 #[derive(Default)]
 pub struct StatusWrites(std::sync::Mutex<HashMap<String, StatusWrite>>);
 
 struct StatusWrite {
     status: NodeVersionStatus,
-    task: tokio::task::JoinHandle<bool>,
+    state: WriteState,
 }
 
+enum WriteState {
+    /// Being written; the task answers the resourceVersion written.
+    InFlight(tokio::task::JoinHandle<Option<String>>),
+    /// Written as this resourceVersion, at this time.
+    Written(String, std::time::Instant),
+}
+
+/// How long a status written is preferred to a store that does not show it
+/// yet (a watch lagging longer than this is no longer a lag).
+const STORE_CATCHES_UP: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl StatusWrites {
-    /// Waits for `name`'s write in flight, if any; returns the status it
-    /// wrote (None if none was in flight or it failed).
-    async fn settle(&self, name: &str) -> Option<NodeVersionStatus> {
-        let last = crate::runtime::rate_limiter::lock(&self.0).remove(name)?;
-        match last.task.await {
-            Ok(true) => Some(last.status),
-            _ => None,
+    /// The status `nv` has now as far as this replica knows: its last write
+    /// (once landed) while the store does not show it yet, else the store's.
+    async fn latest(&self, nv: &NodeVersion) -> NodeVersionStatus {
+        let name = nv.name_any();
+        let last = crate::runtime::rate_limiter::lock(&self.0).remove(&name);
+        let Some(mut last) = last else {
+            return nv.status_or_default();
+        };
+        if let WriteState::InFlight(task) = last.state {
+            match task.await {
+                Ok(Some(rv)) => last.state = WriteState::Written(rv, std::time::Instant::now()),
+                _ => return nv.status_or_default(),
+            }
+        }
+        match &last.state {
+            WriteState::Written(rv, at)
+                if nv.metadata.resource_version.as_ref() != Some(rv) && at.elapsed() < STORE_CATCHES_UP =>
+            {
+                let status = last.status.clone();
+                crate::runtime::rate_limiter::lock(&self.0).insert(name, last);
+                status
+            }
+            _ => nv.status_or_default(),
+        }
+    }
+
+    /// Records a status written as `resource_version`.
+    fn written(&self, name: &str, status: NodeVersionStatus, resource_version: Option<String>) {
+        if let Some(rv) = resource_version {
+            let state = WriteState::Written(rv, std::time::Instant::now());
+            crate::runtime::rate_limiter::lock(&self.0)
+                .insert(name.to_string(), StatusWrite { status, state });
         }
     }
 
@@ -1561,15 +1617,16 @@ impl StatusWrites {
                 .patch_status(&write_name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => true,
+                Ok(written) => written.metadata.resource_version,
                 Err(e) => {
                     tracing::warn!(nodeversion = %write_name, error = %e, "writing the rollout's status failed; looking again");
                     queue.add(key);
-                    false
+                    None
                 }
             }
         });
-        crate::runtime::rate_limiter::lock(&self.0).insert(name, StatusWrite { status, task });
+        let state = WriteState::InFlight(task);
+        crate::runtime::rate_limiter::lock(&self.0).insert(name, StatusWrite { status, state });
     }
 }
 
@@ -1634,6 +1691,50 @@ mod tests {
             ready: true,
             ..Default::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_pass_builds_on_the_status_last_written_until_the_store_shows_it() {
+        let nv_at = |rv: &str, budget: u32| -> NodeVersion {
+            let mut nv: NodeVersion = serde_json::from_value(json!({
+                "apiVersion": "update.edgeless.systems/v1alpha1",
+                "kind": "NodeVersion",
+                "metadata": {"name": "v", "resourceVersion": rv},
+                "spec": {"image": "img"},
+            }))
+            .expect("a NodeVersion");
+            nv.status = Some(NodeVersionStatus {
+                budget,
+                ..Default::default()
+            });
+            nv
+        };
+        let writes = StatusWrites::default();
+        assert_eq!(
+            writes.latest(&nv_at("1", 1)).await.budget,
+            1,
+            "nothing written: the store's"
+        );
+        let ours = NodeVersionStatus {
+            budget: 7,
+            ..Default::default()
+        };
+        writes.written("v", ours, Some("2".into()));
+        assert_eq!(
+            writes.latest(&nv_at("1", 1)).await.budget,
+            7,
+            "the store is a write behind: ours"
+        );
+        assert_eq!(
+            writes.latest(&nv_at("2", 7)).await.budget,
+            7,
+            "the store shows our write"
+        );
+        assert_eq!(
+            writes.latest(&nv_at("1", 1)).await.budget,
+            1,
+            "once the store caught up, it is the store's again"
+        );
     }
 
     #[test]

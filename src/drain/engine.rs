@@ -158,7 +158,18 @@ pub struct DrainEngine {
     drains: Arc<Mutex<HashMap<String, Drain>>>,
     /// Watched from the first drain until this replica stops leading.
     budgets: Arc<Mutex<Option<Arc<BudgetWatch>>>>,
+    /// Pod watches started ahead of their drain (see [`DrainEngine::prepare`]).
+    prepared: Arc<Mutex<HashMap<String, Prepared>>>,
 }
+
+/// A pod watch started ahead of its drain, and when.
+struct Prepared {
+    watch: PodWatch,
+    at: Instant,
+}
+
+/// How long a pod watch started ahead waits for its drain.
+const PREPARED_FOR: Duration = Duration::from_secs(30);
 
 impl DrainEngine {
     /// An engine with no drains; `leader` is checked before every eviction.
@@ -168,7 +179,28 @@ impl DrainEngine {
             leader,
             drains: Arc::default(),
             budgets: Arc::default(),
+            prepared: Arc::default(),
         }
+    }
+
+    /// Starts listing and watching `node`'s pods for a drain about to be
+    /// asked for (a rollout does this as it requests one): the drain then
+    /// starts on a list already under way. A watch no drain takes within
+    /// [`PREPARED_FOR`] is stopped.
+    pub fn prepare(&self, node: &str) {
+        let mut prepared = lock(&self.prepared);
+        prepared.retain(|_, p| p.at.elapsed() < PREPARED_FOR);
+        if prepared.contains_key(node) || lock(&self.drains).contains_key(node) {
+            return;
+        }
+        let watch = PodWatch::start(&self.client, node);
+        prepared.insert(
+            node.to_string(),
+            Prepared {
+                watch,
+                at: Instant::now(),
+            },
+        );
     }
 
     /// Starts draining `node` for `owner` unless that drain already runs or
@@ -198,8 +230,14 @@ impl DrainEngine {
         // Subscribed before the first eviction, so no freeing is missed.
         let freed = budgets.subscribe();
         let pods = Arc::new(OnceLock::new());
+        let prepared = {
+            let mut prepared = lock(&self.prepared);
+            prepared.retain(|_, p| p.at.elapsed() < PREPARED_FOR);
+            prepared.remove(node).map(|p| p.watch)
+        };
         let run = DrainRun {
             budgets,
+            prepared: Mutex::new(prepared),
             pods: pods.clone(),
             client: self.client.clone(),
             leader: self.leader.clone(),
@@ -276,6 +314,7 @@ impl DrainEngine {
         for (_, d) in lock(&self.drains).drain() {
             d.cancel.cancel();
         }
+        lock(&self.prepared).clear();
         lock(&self.budgets).take();
     }
 }
@@ -283,6 +322,8 @@ impl DrainEngine {
 struct DrainRun {
     client: Client,
     budgets: Arc<BudgetWatch>,
+    /// The node's pod watch, if one was started ahead (taken at the start).
+    prepared: Mutex<Option<PodWatch>>,
     pods: Arc<OnceLock<Store<Pod>>>,
     leader: LeaderHandle,
     node: String,
@@ -339,6 +380,29 @@ struct PodWatch {
     _stop: DropGuard,
 }
 
+impl PodWatch {
+    /// Lists and watches `node`'s pods until dropped.
+    fn start(client: &Client, node: &str) -> PodWatch {
+        let pods: Api<Pod> = Api::all(client.clone());
+        let config = ReflectorConfig {
+            field_selector: Some(format!("spec.nodeName={node}")),
+            ..Default::default()
+        };
+        let mut reflector = Reflector::new("drain-pods", pods, config);
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let wake = changed.clone();
+        reflector.on_event(move |_| wake.notify_one());
+        let store = reflector.store();
+        let stop = CancellationToken::new();
+        tokio::spawn(reflector.run(stop.clone()));
+        PodWatch {
+            store,
+            changed,
+            _stop: stop.drop_guard(),
+        }
+    }
+}
+
 /// What a drain does after one look at the node's pods.
 enum Step {
     /// The drain has ended (its outcome is in the status).
@@ -393,32 +457,17 @@ impl DrainRun {
             .collect()
     }
 
-    /// Watches the pods of the node only (never all of the cluster's) and
-    /// waits for the first list, and for the budgets'; None if the drain is
-    /// cancelled first.
+    /// Watches the pods of the node only (never all of the cluster's; the
+    /// watch started ahead, if any) and waits for the first list, and for the
+    /// budgets'; None if the drain is cancelled first.
     async fn watch_pods(&self) -> Option<PodWatch> {
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let config = ReflectorConfig {
-            field_selector: Some(format!("spec.nodeName={}", self.node)),
-            ..Default::default()
-        };
-        let mut reflector = Reflector::new("drain-pods", pods, config);
-        let changed = Arc::new(tokio::sync::Notify::new());
-        let wake = changed.clone();
-        reflector.on_event(move |_| wake.notify_one());
-        let store = reflector.store();
-        let watch_stop = self.cancel.child_token();
-        let stop = watch_stop.clone().drop_guard();
-        tokio::spawn(reflector.run(watch_stop));
+        let prepared = lock(&self.prepared).take();
+        let watch = prepared.unwrap_or_else(|| PodWatch::start(&self.client, &self.node));
         tokio::select! {
             _ = self.cancel.cancelled() => return None,
-            _ = async { tokio::join!(store.wait_synced(), self.budgets.store().wait_synced()) } => {}
+            _ = async { tokio::join!(watch.store.wait_synced(), self.budgets.store().wait_synced()) } => {}
         }
-        Some(PodWatch {
-            store,
-            changed,
-            _stop: stop,
-        })
+        Some(watch)
     }
 
     /// One look at the node's pods: end the drain, or evict (delete, after

@@ -295,6 +295,7 @@ where
         }
         let mut objects = Vec::new();
         let mut list_rv = None;
+        let listing = Instant::now();
         loop {
             let page = match tokio::time::timeout(self.config.idle_timeout, self.api.list(&params)).await {
                 Err(_) => {
@@ -351,7 +352,7 @@ where
         }
         self.writer.mark_synced();
         self.stats.lists.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(reflector = %self.name, count, resource_version = %list_rv, "listed");
+        tracing::debug!(reflector = %self.name, count, resource_version = %list_rv, took = ?listing.elapsed(), "listed");
         Ok(list_rv)
     }
 
