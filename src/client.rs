@@ -57,11 +57,10 @@ pub async fn build(kubeconfig: Option<&Path>) -> Result<Client, ClientError> {
 /// A client from `config`: kube's own stack, less its hidden retries, on
 /// connections that send each request at once.
 ///
-/// kube leaves Nagle's algorithm on. A request then waits for the API
-/// server to acknowledge the connection's previous segment, which Linux
-/// delays by up to 40 ms: a pod list served from the API server's cache in
-/// 4 ms took 50 to 60 ms in a rollout. Go's net package, and so client-go,
-/// sets TCP_NODELAY on every connection; so does this client.
+/// kube leaves Nagle's algorithm on: a request's last small segment may then
+/// wait for the API server to acknowledge the one before, which Linux delays
+/// by up to 40 ms. Go's net package, and so client-go, sets TCP_NODELAY on
+/// every connection; so does this client.
 pub fn from_config(mut config: Config) -> Result<Client, ClientError> {
     if config.proxy_url.is_some() {
         // Through a proxy: kube's own connectors (they speak to proxies).
