@@ -64,15 +64,10 @@ impl MeteredCloud {
 
     /// Meters `inner` at `ration`.
     pub fn rationed(inner: Arc<dyn CloudProvider>, metrics: Metrics, ration: Ration) -> Self {
-        Self::with_rate_limit(inner, metrics, ration.qps, ration.burst)
-    }
-
-    /// Meters `inner` at `qps` calls a second, bursts of `burst`.
-    pub fn with_rate_limit(inner: Arc<dyn CloudProvider>, metrics: Metrics, qps: f64, burst: u32) -> Self {
         MeteredCloud {
             inner,
             metrics,
-            bucket: TokenBucket::new(qps, burst),
+            bucket: TokenBucket::new(ration.qps, ration.burst),
             paused_until: Mutex::new(None),
         }
     }

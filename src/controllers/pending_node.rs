@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::Manager;
+use crate::runtime::rate_limiter::lock;
 use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::telemetry::trace;
 
@@ -245,7 +246,7 @@ pub struct InstanceStates {
 impl InstanceStates {
     /// The answer about `pending` if it is younger than `fresh`.
     fn recent(&self, pending: &str, fresh: Duration) -> Option<Option<InstanceState>> {
-        let asked = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        let asked = lock(&self.answers);
         asked
             .get(pending)
             .filter(|(at, _)| at.elapsed() < fresh)
@@ -257,25 +258,19 @@ impl InstanceStates {
     }
 
     fn remember_at(&self, pending: &str, at: Instant, state: Option<InstanceState>) {
-        let mut asked = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut asked = lock(&self.answers);
         asked.insert(pending.to_string(), (at, state));
     }
 
     /// True on the first look at the leaving `pending` (recorded now).
     fn first_look(&self, pending: &str) -> bool {
-        let mut seen = self.leaves_looked_at.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = lock(&self.leaves_looked_at);
         seen.insert(pending.to_string())
     }
 
     fn forget(&self, pending: &str) {
-        self.answers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(pending);
-        self.leaves_looked_at
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(pending);
+        lock(&self.answers).remove(pending);
+        lock(&self.leaves_looked_at).remove(pending);
     }
 }
 

@@ -188,8 +188,7 @@ impl DrainEngine {
     /// starts on a list already under way. A watch no drain takes within
     /// [`PREPARED_FOR`] is stopped.
     pub fn prepare(&self, node: &str) {
-        let mut prepared = lock(&self.prepared);
-        prepared.retain(|_, p| p.at.elapsed() < PREPARED_FOR);
+        let mut prepared = self.prepared();
         if prepared.contains_key(node) || lock(&self.drains).contains_key(node) {
             return;
         }
@@ -201,6 +200,13 @@ impl DrainEngine {
                 at: Instant::now(),
             },
         );
+    }
+
+    /// The pod watches started ahead, less those no drain took in time.
+    fn prepared(&self) -> std::sync::MutexGuard<'_, HashMap<String, Prepared>> {
+        let mut prepared = lock(&self.prepared);
+        prepared.retain(|_, p| p.at.elapsed() < PREPARED_FOR);
+        prepared
     }
 
     /// Starts draining `node` for `owner` unless that drain already runs or
@@ -230,14 +236,10 @@ impl DrainEngine {
         // Subscribed before the first eviction, so no freeing is missed.
         let freed = budgets.subscribe();
         let pods = Arc::new(OnceLock::new());
-        let prepared = {
-            let mut prepared = lock(&self.prepared);
-            prepared.retain(|_, p| p.at.elapsed() < PREPARED_FOR);
-            prepared.remove(node).map(|p| p.watch)
-        };
+        let prepared = self.prepared().remove(node).map(|p| p.watch);
         let run = DrainRun {
             budgets,
-            prepared: Mutex::new(prepared),
+            prepared,
             pods: pods.clone(),
             client: self.client.clone(),
             leader: self.leader.clone(),
@@ -323,7 +325,7 @@ struct DrainRun {
     client: Client,
     budgets: Arc<BudgetWatch>,
     /// The node's pod watch, if one was started ahead (taken at the start).
-    prepared: Mutex<Option<PodWatch>>,
+    prepared: Option<PodWatch>,
     pods: Arc<OnceLock<Store<Pod>>>,
     leader: LeaderHandle,
     node: String,
@@ -412,7 +414,7 @@ enum Step {
 }
 
 impl DrainRun {
-    async fn run(self, mut freed: Freed) {
+    async fn run(mut self, mut freed: Freed) {
         let Some(watch) = self.watch_pods().await else {
             return;
         };
@@ -460,9 +462,11 @@ impl DrainRun {
     /// Watches the pods of the node only (never all of the cluster's; the
     /// watch started ahead, if any) and waits for the first list, and for the
     /// budgets'; None if the drain is cancelled first.
-    async fn watch_pods(&self) -> Option<PodWatch> {
-        let prepared = lock(&self.prepared).take();
-        let watch = prepared.unwrap_or_else(|| PodWatch::start(&self.client, &self.node));
+    async fn watch_pods(&mut self) -> Option<PodWatch> {
+        let watch = match self.prepared.take() {
+            Some(watch) => watch,
+            None => PodWatch::start(&self.client, &self.node),
+        };
         tokio::select! {
             _ = self.cancel.cancelled() => return None,
             _ = async { tokio::join!(watch.store.wait_synced(), self.budgets.store().wait_synced()) } => {}
