@@ -49,6 +49,16 @@ async fn reconciles(replicas: &Replicas, identity: &str) -> Option<f64> {
     )
 }
 
+/// Whether the replica's /readyz answers 200: every store has its first list.
+async fn ready(replicas: &Replicas, identity: &str) -> bool {
+    let Some(addr) = replicas.http.get(identity) else {
+        return false;
+    };
+    support::jaeger::http_get(&format!("http://{addr}/readyz"))
+        .await
+        .is_ok()
+}
+
 async fn trial(replicas: &mut Replicas, leases: &Api<Lease>, lease_name: &str, stop: Stop) -> Trial {
     let leader = wait_for("a leader", Duration::from_secs(60), || async {
         match holder(leases, lease_name).await {
@@ -57,19 +67,20 @@ async fn trial(replicas: &mut Replicas, leases: &Api<Lease>, lease_name: &str, s
         }
     })
     .await;
-    // Every standby answers /metrics, and its count before it leads.
+    // Every standby is ready (its caches synced, as a pod's readiness probe
+    // would wait for before a rollout stops the leader), and its count
+    // before it leads.
     let mut before = std::collections::BTreeMap::new();
     for id in replicas.identities().into_iter().filter(|id| *id != leader) {
-        let count = wait_for(
-            &format!("{id} serving /metrics"),
-            Duration::from_secs(60),
-            || async {
-                match reconciles(replicas, &id).await {
-                    Some(c) => Probe::Done(c),
-                    None => Probe::NotYet("no answer".into()),
-                }
-            },
-        )
+        let count = wait_for(&format!("{id} ready"), Duration::from_secs(60), || async {
+            if !ready(replicas, &id).await {
+                return Probe::NotYet("/readyz not 200".into());
+            }
+            match reconciles(replicas, &id).await {
+                Some(c) => Probe::Done(c),
+                None => Probe::NotYet("no answer".into()),
+            }
+        })
         .await;
         before.insert(id, count);
     }

@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PodTemplate};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
-use nodewarden::runtime::reflector::{Event, Reflector, ReflectorConfig, ReflectorStats};
+use nodewarden::runtime::reflector::{Event, FirstList, Reflector, ReflectorConfig, ReflectorStats};
 use nodewarden::runtime::store::Store;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -364,4 +364,82 @@ async fn a_stalled_watch_is_restarted_and_the_store_catches_up() {
     shutdown.cancel();
     let _ = task.await;
     env.cleanup().await;
+}
+
+/// The API server's count of consistent reads of `resource` served from its
+/// watch cache (lists without a resourceVersion).
+async fn consistent_reads(client: &kube::Client, resource: &str) -> f64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("a metrics request");
+    let text = client
+        .request_text(request)
+        .await
+        .expect("reading the API server's metrics");
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_watch_cache_consistent_read_total{"))
+        .filter(|l| l.contains(&format!("resource=\"{resource}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_cached_first_list_is_answered_by_the_watch_cache_without_a_consistent_read() {
+    // A control plane of our own: no other client reads PodTemplates there,
+    // so the API server's count of consistent reads is this test's alone.
+    let private = tokio::task::spawn_blocking(|| PrivateControlPlane::start("reflector-first-list"))
+        .await
+        .expect("starting a private control plane");
+    let client = private.0.client().await;
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), "default");
+    for i in 0..3 {
+        let template: PodTemplate = serde_json::from_value(json!({
+            "metadata": {"name": format!("t-{i}"), "labels": {"set": "first-list"}},
+            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+        }))
+        .expect("a PodTemplate");
+        templates
+            .create(&PostParams::default(), &template)
+            .await
+            .expect("creating a PodTemplate");
+    }
+    let config = |first_list| ReflectorConfig {
+        label_selector: Some("set=first-list".into()),
+        first_list,
+        ..ReflectorConfig::default()
+    };
+
+    // resourceVersion=0: the cache answers as it is, with every object.
+    let before = consistent_reads(&client, "podtemplates").await;
+    let reflector = Reflector::new("cached", templates.clone(), config(FirstList::Cached));
+    let (store, _, shutdown, task) = run_until_watching(reflector).await;
+    assert_eq!(store.list().len(), 3, "the cached list holds every PodTemplate");
+    let after_cached = consistent_reads(&client, "podtemplates").await;
+    assert_eq!(after_cached, before, "a cached first list is no consistent read");
+    shutdown.cancel();
+    task.await.expect("the reflector ends");
+
+    // The default: a consistent read, in pages.
+    let reflector = Reflector::new("paged", templates.clone(), config(FirstList::Paged));
+    let (store, _, shutdown, task) = run_until_watching(reflector).await;
+    assert_eq!(store.list().len(), 3, "the paged list holds every PodTemplate");
+    let after_paged = consistent_reads(&client, "podtemplates").await;
+    assert!(
+        after_paged > after_cached,
+        "a paged first list is a consistent read ({after_cached} → {after_paged})"
+    );
+
+    // Both watch on from their list: a new PodTemplate arrives.
+    let template: PodTemplate = serde_json::from_value(json!({
+        "metadata": {"name": "t-late", "labels": {"set": "first-list"}},
+        "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+    }))
+    .expect("a PodTemplate");
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("creating a PodTemplate");
+    wait_store_equals_list(&store, &templates, "set=first-list").await;
+    shutdown.cancel();
+    task.await.expect("the reflector ends");
 }

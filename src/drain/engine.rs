@@ -30,7 +30,7 @@ use crate::api::node_maintenance::{DrainBlocker, DrainTimeoutPolicy, PodReferenc
 use crate::runtime::backoff::{Backoff, BackoffConfig};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::rate_limiter::lock;
-use crate::runtime::reflector::{Reflector, ReflectorConfig};
+use crate::runtime::reflector::{FirstList, Reflector, ReflectorConfig};
 use crate::runtime::store::Store;
 
 /// Evictions in flight at once per drain.
@@ -386,8 +386,12 @@ impl PodWatch {
     /// Lists and watches `node`'s pods until dropped.
     fn start(client: &Client, node: &str) -> PodWatch {
         let pods: Api<Pod> = Api::all(client.clone());
+        // A node's pods are few, and the drain waits for them: the API
+        // server's cache answers at once (a consistent read waits up to 0.1 s
+        // for the cache to catch up with etcd).
         let config = ReflectorConfig {
             field_selector: Some(format!("spec.nodeName={node}")),
+            first_list: FirstList::Cached,
             ..Default::default()
         };
         let mut reflector = Reflector::new("drain-pods", pods, config);
