@@ -13,7 +13,9 @@
 //! Spans go to a Jaeger (built from Go modules), as in production, so the
 //! export of each step's spans is part of the time measured.
 //! The invariant checker watches every rollout: a bench run that breaks the
-//! surge budget fails.
+//! surge budget fails. Each rollout starts with nodewarden at rest (no cloud
+//! call for 2.5 s), as a rollout in a running cluster does: the cloud ration
+//! is full then.
 //!
 //! `cargo bench --bench rollout` (`just bench-rollout`) prints one line per
 //! surge and writes `.run/bench-rollout/rollout.json`. Under `cargo test`
@@ -69,10 +71,11 @@ struct Timed {
 /// `/metrics`): the cloud's call budget is shared by every controller, and a
 /// rollout at a high surge spends it.
 async fn cloud_calls(replicas: &Replicas) -> BTreeMap<&'static str, f64> {
-    const OPERATIONS: [&str; 8] = [
+    const OPERATIONS: [&str; 9] = [
         "create_node",
         "delete_node",
         "node_state",
+        "node_states",
         "node_image",
         "node_group",
         "group_image",
@@ -90,6 +93,26 @@ async fn cloud_calls(replicas: &Replicas) -> BTreeMap<&'static str, f64> {
         })
         .collect()
 }
+
+/// Waits until the replicas have made no cloud call for [`REST`]: a rollout
+/// begins with nodewarden at rest, its cloud ration full again (the nodes'
+/// first image reads, or the last rollout's leaving instances, spend it).
+async fn at_rest(replicas: &Replicas) {
+    let started = std::time::Instant::now();
+    let mut last = cloud_calls(replicas).await;
+    let mut quiet_since = std::time::Instant::now();
+    while quiet_since.elapsed() < REST && started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = cloud_calls(replicas).await;
+        if now != last {
+            (last, quiet_since) = (now, std::time::Instant::now());
+        }
+    }
+}
+
+/// A quiet spell long enough for the default cloud ration (bursts of 20 at
+/// 10 a second) to fill again.
+const REST: Duration = Duration::from_millis(2500);
 
 impl Timed {
     fn ratio(&self) -> f64 {
@@ -197,6 +220,7 @@ async fn run(scenario: Scenario, command: &str) {
     std::fs::create_dir_all(&out).expect("an output directory");
     let mut timed = Vec::new();
     for (i, &surge) in scenario.surges.iter().enumerate() {
+        at_rest(&replicas).await;
         let checker = Checker::start_with_sim(&env, scenario.nodes, surge, &sim.sim.provider);
         let image = format!("img-{}", i + 1);
         let began = now_micros();

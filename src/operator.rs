@@ -10,6 +10,7 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::cloud::CloudProvider;
+use crate::cloud::batch::BatchedStates;
 use crate::cloud::metered::{MeteredCloud, Ration};
 use crate::cloud::retry::{RetryPolicy, RetryingCloud};
 use crate::controllers::node_maintenance::MaintenanceConfig;
@@ -83,13 +84,15 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
     app.plans = config.plans.clone();
     app.bare_metal = config.bare_metal.unwrap_or(false);
     app.cloud = config.cloud.clone().map(|cloud| {
-        // Each attempt is metered and rationed; reads are retried above that.
+        // Each attempt is metered and rationed; the state reads made at
+        // once share one attempt; reads are retried above that.
         let metered = Arc::new(MeteredCloud::rationed(
             cloud,
             metrics.clone(),
             config.cloud_ration,
         ));
-        Arc::new(RetryingCloud::new(metered, RetryPolicy::default())) as Arc<dyn CloudProvider>
+        let batched = Arc::new(BatchedStates::new(metered));
+        Arc::new(RetryingCloud::new(batched, RetryPolicy::default())) as Arc<dyn CloudProvider>
     });
     register_all(&mut manager, &app);
     if let Some(node_version) = config.discover_scaling_groups.clone() {

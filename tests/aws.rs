@@ -107,3 +107,65 @@ async fn creates_and_terminates_side_by_side_keep_the_group_at_its_size() {
     assert_eq!(left.len(), SIZE, "running instances at the end: {left:?}");
     drop(moto);
 }
+
+/// The states of many instances come from one DescribeInstanceStatus call,
+/// and agree with one-by-one reads; an ID EC2 does not know (which fails
+/// such a call as a whole) is left out and the others still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_instance_states_come_in_one_call_and_an_unknown_instance_is_left_out() {
+    use nodewarden::cloud::{CloudProvider, InstanceState};
+    let moto = Moto::start();
+    let sdk = moto.sdk().await;
+    let uid = format!("states-{}", std::process::id());
+    let group = format!("{uid}-workers");
+    create_group(&sdk, &uid, &group, "worker", 3, "ami-00000001").await;
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let ids: Vec<String> = instances(&ec2, &uid)
+        .await
+        .expect("moto's instances")
+        .into_iter()
+        .map(|(id, i)| format!("aws:///{}/{id}", i.2))
+        .collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let provider = AwsProvider::new(moto.provider_config(&uid))
+        .await
+        .expect("the aws provider");
+    assert!(provider.states_per_call() > 1);
+    provider.delete_node(&ids[0]).await.expect("terminating one");
+
+    let states = provider
+        .node_states(&ids)
+        .await
+        .expect("three states in one call");
+    assert_eq!(states.len(), 3, "{states:?}");
+    for id in &ids {
+        assert_eq!(
+            states.get(id).copied(),
+            provider.node_state(id).await.ok(),
+            "{id}"
+        );
+    }
+    assert!(
+        matches!(
+            states.get(&ids[0]),
+            Some(InstanceState::Terminating | InstanceState::Terminated)
+        ),
+        "{states:?}"
+    );
+
+    let zone = ids[0]
+        .trim_start_matches("aws:///")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let unknown = format!("aws:///{zone}/i-0123456789abcdef0");
+    let mut asked = ids.clone();
+    asked.push(unknown.clone());
+    let states = provider
+        .node_states(&asked)
+        .await
+        .expect("the known states despite an unknown ID");
+    assert_eq!(states.len(), 3, "{states:?}");
+    assert!(!states.contains_key(&unknown), "{states:?}");
+    drop(moto);
+}

@@ -394,6 +394,45 @@ async fn error_and_throttle_faults_are_retryable_errors() {
         .expect_err("a foreign provider ID");
     assert!(matches!(err, CloudError::InvalidProviderId { .. }), "{err}");
 
+    // Many states in one call: the known instance answers, the unknown one
+    // and the one of another group are left out, as node_state's NotFound.
+    let second = p
+        .create_node(&CreateNodeRequest::new(&group))
+        .await
+        .expect("a second instance");
+    p.delete_node(&second.provider_id).await.expect("deleting it");
+    let other_group = format!("sim://{}/{}", env.name("other"), created.node_name);
+    let asked = [
+        created.provider_id.clone(),
+        second.provider_id.clone(),
+        missing.clone(),
+        other_group,
+    ];
+    let states = p.node_states(&asked).await.expect("states in one call");
+    let answered: BTreeSet<&String> = states.keys().collect();
+    assert_eq!(
+        answered,
+        BTreeSet::from([&created.provider_id, &second.provider_id]),
+        "{states:?}"
+    );
+    assert_eq!(
+        states.get(&created.provider_id).copied(),
+        p.node_state(&created.provider_id).await.ok()
+    );
+    assert!(
+        matches!(
+            states.get(&second.provider_id),
+            Some(InstanceState::Terminating | InstanceState::Terminated)
+        ),
+        "{states:?}"
+    );
+    assert!(p.states_per_call() > 1);
+    let err = p
+        .node_states(&["aws:///zone/i-1".to_string()])
+        .await
+        .expect_err("a foreign provider ID");
+    assert!(matches!(err, CloudError::InvalidProviderId { .. }), "{err}");
+
     sim.kill().await;
     env.cleanup().await;
 }

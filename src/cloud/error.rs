@@ -8,7 +8,7 @@ use crate::runtime::error::{Categorized, Category};
 
 /// Why a cloud provider call failed, in terms every provider can map onto.
 /// [`CloudError::retryable`] is the one question most callers ask.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum CloudError {
     /// The cloud has no record of the thing asked about. Deliberately not a
     /// state: see [`super::CloudProvider::node_state`].

@@ -4,6 +4,7 @@
 //! that throttles with a Retry-After pauses every call until then, so an
 //! outage or throttling is never answered with more calls.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use tokio::time::Instant;
 
 use super::{
     CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup,
+    states_one_by_one,
 };
 use crate::runtime::rate_limiter::TokenBucket;
 use crate::telemetry::Metrics;
@@ -149,6 +151,21 @@ impl CloudProvider for MeteredCloud {
 
     fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
         self.measure(CloudOperation::NodeState, self.inner.node_state(provider_id))
+    }
+
+    fn states_per_call(&self) -> usize {
+        self.inner.states_per_call()
+    }
+
+    fn node_states<'a>(
+        &'a self,
+        provider_ids: &'a [String],
+    ) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
+        if self.inner.states_per_call() <= 1 {
+            // One call to the cloud per ID: each is metered and rationed.
+            return states_one_by_one(self, provider_ids);
+        }
+        self.measure(CloudOperation::NodeStates, self.inner.node_states(provider_ids))
     }
 
     fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {

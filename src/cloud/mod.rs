@@ -11,6 +11,8 @@
 //! it without changing it. Extension points are request structs and
 //! [`CloudError::Unsupported`], never new trait parameters.
 //!
+//! - [`batch`]: a provider wrapper that answers the state reads made at once
+//!   with one call, where the provider can.
 //! - [`error`]: [`CloudError`], what every provider's failures map onto.
 //! - [`metered`]: a provider wrapper that shares one rate limit and reports
 //!   every call's latency and errors.
@@ -20,10 +22,13 @@
 //!   [`crate::simcloud`], a separate module tree this one does not import.
 
 pub mod aws;
+pub mod batch;
 pub mod error;
 pub mod metered;
 pub mod retry;
 pub mod sim;
+
+use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -71,6 +76,25 @@ pub trait CloudProvider: Send + Sync {
     /// (a Leave may count it as done, a Join must keep waiting).
     fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState>;
 
+    /// How many instances [`node_states`](Self::node_states) asks about in
+    /// one call to the cloud; 1 (the default) when it asks one by one.
+    fn states_per_call(&self) -> usize {
+        1
+    }
+
+    /// The states of `provider_ids`, in one call where the cloud can (see
+    /// [`states_per_call`](Self::states_per_call)); at most that many IDs.
+    /// An instance the cloud has no record of is left out of the answer
+    /// (what [`node_state`](Self::node_state) calls NotFound).
+    ///
+    /// The default asks one by one.
+    fn node_states<'a>(
+        &'a self,
+        provider_ids: &'a [String],
+    ) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
+        states_one_by_one(self, provider_ids)
+    }
+
     /// The OS image the instance runs.
     fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String>;
 
@@ -87,6 +111,27 @@ pub trait CloudProvider: Send + Sync {
 
     /// Every scaling group of this cluster.
     fn list_groups(&self) -> CloudFuture<'_, Vec<ScalingGroup>>;
+}
+
+/// [`CloudProvider::node_states`] by one [`CloudProvider::node_state`] call
+/// per ID.
+pub fn states_one_by_one<'a, P: CloudProvider + ?Sized>(
+    provider: &'a P,
+    provider_ids: &'a [String],
+) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
+    Box::pin(async move {
+        let mut states = BTreeMap::new();
+        for id in provider_ids {
+            match provider.node_state(id).await {
+                Ok(state) => {
+                    states.insert(id.clone(), state);
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(states)
+    })
 }
 
 /// A request for one new instance. A struct rather than parameters, so

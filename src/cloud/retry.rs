@@ -13,6 +13,7 @@
 //! Throttling waits are honoured one layer down, by
 //! [`super::metered::MeteredCloud`]'s shared pause, so this layer wraps it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +97,17 @@ impl CloudProvider for RetryingCloud {
 
     fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
         self.read(move || self.inner.node_state(provider_id))
+    }
+
+    fn states_per_call(&self) -> usize {
+        self.inner.states_per_call()
+    }
+
+    fn node_states<'a>(
+        &'a self,
+        provider_ids: &'a [String],
+    ) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
+        self.read(move || self.inner.node_states(provider_ids))
     }
 
     fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {

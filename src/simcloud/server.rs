@@ -10,12 +10,13 @@
 //! | `POST /groups/{id}/instances` | optional body `{"requestId": ...}`; 201 with the new instance (200 with the earlier one for a repeated request ID) |
 //! | `GET /instances` | every instance ever created, Terminated ones too |
 //! | `GET /instances/{name}` | one instance; 404 if the cloud never had it |
+//! | `GET /states?names=a,b` | those of the named instances the cloud has (at most 100 names), as `GET /instances` shows them |
 //! | `DELETE /instances/{name}` | 202; starts the delete (repeating it is harmless) |
 //! | `GET /faults`, `POST /faults` | the injected faults ([`Faults`]); POST replaces them |
 //!
 //! Errors are `{"error": ...}` with status 400, 404, 429 (with `Retry-After`)
-//! or 500. Faults hit the cloud calls — everything under `/groups` and
-//! `/instances/{name}` — but not `GET /instances`, `/faults` or `/healthz`,
+//! or 500. Faults hit the cloud calls — everything under `/groups`,
+//! `/instances/{name}` and `/states` — but not `GET /instances`, `/faults` or `/healthz`,
 //! which are how tests watch and steer the sim.
 
 use std::net::SocketAddr;
@@ -32,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use super::faults::{self, Verdict};
 use super::model::{Lifecycle, ModelError, now};
 use super::store::{SimStore, StoreError};
-use crate::cloud::sim::wire::{CreateBody, ErrorBody, Faults, ImageBody};
+use crate::cloud::sim::wire::{CreateBody, ErrorBody, Faults, ImageBody, MAX_STATES};
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -108,7 +109,7 @@ impl From<ModelError> for Answer {
 
 /// Faults apply to what a cloud provider calls, not to the test's controls.
 fn is_cloud_call(path: &[&str]) -> bool {
-    matches!(path, ["groups", ..] | ["instances", _])
+    matches!(path, ["groups", ..] | ["instances", _] | ["states"])
 }
 
 async fn read_json<T: DeserializeOwned + Default>(body: Incoming) -> Result<T, Answer> {
@@ -152,7 +153,8 @@ async fn handle(sim: Arc<SimStore>, req: Request<Incoming>) -> Answer {
             }
         }
     }
-    let answer = route(&sim, &method, &segments, req.into_body()).await;
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let answer = route(&sim, &method, &segments, &query, req.into_body()).await;
     let mutation = method == Method::POST || method == Method::DELETE;
     if is_cloud_call(&segments)
         && mutation
@@ -165,7 +167,7 @@ async fn handle(sim: Arc<SimStore>, req: Request<Incoming>) -> Answer {
     answer
 }
 
-async fn route(sim: &SimStore, method: &Method, path: &[&str], body: Incoming) -> Answer {
+async fn route(sim: &SimStore, method: &Method, path: &[&str], query: &str, body: Incoming) -> Answer {
     let result = match (method, path) {
         (&Method::GET, ["healthz"]) => Ok(Answer::json(StatusCode::OK, &"ok")),
         (&Method::GET, ["groups"]) => Ok(Answer::json(StatusCode::OK, &sim.read(|c| c.group_views()).await)),
@@ -193,6 +195,30 @@ async fn route(sim: &SimStore, method: &Method, path: &[&str], body: Incoming) -
                 .await
                 .map(|view| Answer::json(StatusCode::OK, &view))
                 .map_err(Answer::from)
+        }
+        (&Method::GET, ["states"]) => {
+            let names: Vec<&str> = query
+                .split('&')
+                .filter_map(|pair| pair.strip_prefix("names="))
+                .flat_map(|list| list.split(','))
+                .filter(|name| !name.is_empty())
+                .collect();
+            if names.len() > MAX_STATES {
+                return Answer::error(
+                    StatusCode::BAD_REQUEST,
+                    format!("at most {MAX_STATES} names a call, not {}", names.len()),
+                );
+            }
+            let at = now();
+            let known: Vec<_> = sim
+                .read(|c| {
+                    names
+                        .iter()
+                        .filter_map(|name| c.instance(name).ok().map(|i| i.view(at)))
+                        .collect()
+                })
+                .await;
+            Ok(Answer::json(StatusCode::OK, &known))
         }
         (&Method::DELETE, ["instances", name]) => {
             let at = now();

@@ -102,6 +102,8 @@ pub enum CloudOperation {
     DeleteNode,
     /// `node_state`
     NodeState,
+    /// `node_states` (many instances in one call)
+    NodeStates,
     /// `node_image`
     NodeImage,
     /// `node_group`
@@ -121,6 +123,7 @@ impl CloudOperation {
             CloudOperation::CreateNode => "create_node",
             CloudOperation::DeleteNode => "delete_node",
             CloudOperation::NodeState => "node_state",
+            CloudOperation::NodeStates => "node_states",
             CloudOperation::NodeImage => "node_image",
             CloudOperation::NodeGroup => "node_group",
             CloudOperation::GroupImage => "group_image",

@@ -9,6 +9,7 @@
 
 pub mod wire;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,7 +21,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use self::wire::{CreateBody, ErrorBody, Faults, ImageBody, InstanceView, parse_provider_id};
+use self::wire::{CreateBody, ErrorBody, Faults, ImageBody, InstanceView, MAX_STATES, parse_provider_id};
 use super::{
     CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup,
 };
@@ -223,6 +224,40 @@ impl CloudProvider for SimProvider {
 
     fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
         Box::pin(async move { Ok(self.instance(provider_id).await?.state) })
+    }
+
+    fn states_per_call(&self) -> usize {
+        MAX_STATES
+    }
+
+    fn node_states<'a>(
+        &'a self,
+        provider_ids: &'a [String],
+    ) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
+        Box::pin(async move {
+            // By instance name: two IDs may name one instance in two groups.
+            let mut wanted: BTreeMap<&str, Vec<(&str, &String)>> = BTreeMap::new();
+            for id in provider_ids {
+                let (group, name) = split(id)?;
+                wanted.entry(name).or_default().push((group, id));
+            }
+            if wanted.is_empty() {
+                return Ok(BTreeMap::new());
+            }
+            let names: Vec<&str> = wanted.keys().copied().collect();
+            let path = format!("/states?names={}", names.join(","));
+            let views: Vec<InstanceView> = self.call(Method::GET, &path, None::<&()>).await?;
+            // An instance of another group than its provider ID names is
+            // not the one asked about.
+            let mut states = BTreeMap::new();
+            for view in views {
+                let asked = wanted.get(view.instance.name.as_str()).into_iter().flatten();
+                for (_, id) in asked.filter(|(group, _)| *group == view.instance.group) {
+                    states.insert((*id).clone(), view.state);
+                }
+            }
+            Ok(states)
+        })
     }
 
     fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {

@@ -24,6 +24,10 @@ pub fn provider_id(group: &str, instance: &str) -> String {
     format!("{PROVIDER_ID_PREFIX}{group}/{instance}")
 }
 
+/// Most instances one `GET /states` answers for (as EC2's
+/// DescribeInstanceStatus).
+pub const MAX_STATES: usize = 100;
+
 /// Splits `sim://<group>/<instance>` into group and instance.
 pub fn parse_provider_id(provider_id: &str) -> Option<(&str, &str)> {
     let rest = provider_id.strip_prefix(PROVIDER_ID_PREFIX)?;
