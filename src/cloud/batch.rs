@@ -4,9 +4,10 @@
 //! instance is asked for its state now and then, each by its own reconcile.
 //! One call each spends the cloud ration (and the cloud's own request
 //! quota) that the creates and deletes setting the rollout's pace need.
-//! Clouds answer for many instances in one call (EC2's
-//! DescribeInstanceStatus takes up to 100 IDs), so the reads that arrive
-//! while one call is under way — waiting for its ration included — go
+//! A cloud that answers for many instances in one call (the simulated
+//! cloud's `GET /states`; EC2's DescribeInstanceStatus takes up to 100 IDs,
+//! which the aws provider does not use for this yet) gets the reads that
+//! arrive while one call is under way — waiting for its ration included —
 //! together in the next call. A lone read goes at once: nothing waits for a
 //! batch to fill.
 //!

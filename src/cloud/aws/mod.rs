@@ -16,7 +16,7 @@
 
 mod errors;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -626,67 +626,6 @@ impl CloudProvider for AwsProvider {
                     what: format!("instance {id}"),
                 }),
             }
-        })
-    }
-
-    fn states_per_call(&self) -> usize {
-        // DescribeInstanceStatus's limit on instance IDs.
-        100
-    }
-
-    fn node_states<'a>(
-        &'a self,
-        provider_ids: &'a [String],
-    ) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
-        Box::pin(async move {
-            // By instance ID (as node_state, whatever zone the provider ID names).
-            let mut wanted: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
-            for provider_id in provider_ids {
-                wanted
-                    .entry(instance_id(provider_id)?)
-                    .or_default()
-                    .push(provider_id);
-            }
-            if wanted.is_empty() {
-                return Ok(BTreeMap::new());
-            }
-            let out = self
-                .ec2
-                .describe_instance_status()
-                .set_instance_ids(Some(wanted.keys().map(|id| id.to_string()).collect()))
-                .include_all_instances(true)
-                .send()
-                .await
-                .map_err(|e| self.failed(e, &format!("{} instances", wanted.len())));
-            let statuses = match out {
-                Ok(out) => out.instance_statuses.unwrap_or_default(),
-                // EC2 fails the whole call when one ID is unknown to it
-                // (terminated over an hour ago): ask one by one instead.
-                Err(e) if e.is_not_found() && wanted.len() > 1 => {
-                    let mut states = BTreeMap::new();
-                    for provider_id in wanted.values().flatten() {
-                        match self.node_state(provider_id).await {
-                            Ok(state) => {
-                                states.insert((*provider_id).clone(), state);
-                            }
-                            Err(e) if e.is_not_found() => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    return Ok(states);
-                }
-                Err(e) if e.is_not_found() => return Ok(BTreeMap::new()),
-                Err(e) => return Err(e),
-            };
-            let mut states = BTreeMap::new();
-            for status in statuses {
-                let state = state_of(status.instance_state.as_ref().and_then(|s| s.name.as_ref()));
-                let asked = status.instance_id.as_deref().and_then(|id| wanted.get(id));
-                for provider_id in asked.into_iter().flatten() {
-                    states.insert((*provider_id).clone(), state);
-                }
-            }
-            Ok(states)
         })
     }
 
