@@ -386,12 +386,13 @@ impl PodWatch {
     /// Lists and watches `node`'s pods until dropped.
     fn start(client: &Client, node: &str) -> PodWatch {
         let pods: Api<Pod> = Api::all(client.clone());
-        // A node's pods are few, and the drain waits for them: the API
-        // server's cache answers at once (a consistent read waits up to 0.1 s
-        // for the cache to catch up with etcd).
+        // A consistent first list, though it may wait up to 0.1 s for the
+        // API server's cache: a drain that succeeds on a list lacking the
+        // last milliseconds' pods deletes a node with a pod on it (the chaos
+        // test caught it with FirstList::Cached).
         let config = ReflectorConfig {
             field_selector: Some(format!("spec.nodeName={node}")),
-            first_list: FirstList::Cached,
+            first_list: FirstList::Paged,
             ..Default::default()
         };
         let mut reflector = Reflector::new("drain-pods", pods, config);

@@ -121,10 +121,10 @@ pub enum FirstList {
     #[default]
     Paged,
     /// `resourceVersion=0`, without a limit: the watch cache answers at once,
-    /// in one piece, as it answers client-go. For a small set read on the
-    /// critical path (one node's pods for a drain). The answer may lack the
-    /// last milliseconds' writes the cache has not heard yet; the watch from
-    /// its resourceVersion brings them.
+    /// in one piece, as it answers client-go. For a small set whose reader
+    /// may act on a view without the last milliseconds' writes (the cache
+    /// has not heard of them yet; the watch from its resourceVersion brings
+    /// them). Not for a drain: it would count a node empty too soon.
     Cached,
 }
 
