@@ -31,6 +31,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 use support::nmo::{Nmo, maintenances, release_peer_finalizers};
 use support::plans::create_pdb;
+use support::procstat::{BusySampler, CpuSnapshot, describe, json_by_program, saturated_share};
 use support::replicas::*;
 use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
 
@@ -137,13 +138,25 @@ async fn rounds(env: &TestEnv, operator: Operator, nodes: &[String], many: usize
     let one = drain(env, &format!("{operator:?}-one").to_lowercase(), &nodes[..1]).await;
     reset(env, nodes).await;
     let recorder = Recorder::start(env).await;
+    let (cpu_before, sampler) = (CpuSnapshot::take(), BusySampler::start());
     let all = drain(env, &format!("{operator:?}-many").to_lowercase(), &nodes[..many]).await;
+    let (cpu, busy) = (CpuSnapshot::take().used_since(&cpu_before), sampler.stop());
     let seen = recorder.stop();
     reset(env, nodes).await;
     println!("drains: {operator:?}: 1 drain {one:.2?}, {many} at once {all:.2?}");
     let went = WhereTimeWent::of(&seen);
     println!("drains: {operator:?}: {many} at once: {}", went.describe());
-    Round { one, all, went }
+    println!(
+        "drains: {operator:?}: {many} at once: {}",
+        describe(&cpu, all, &busy, CPU_PROGRAMS_SHOWN)
+    );
+    Round {
+        one,
+        all,
+        went,
+        cpu: json_by_program(&cpu, CPU_PROGRAMS_SHOWN),
+        saturated: saturated_share(&busy),
+    }
 }
 
 /// One operator's figures.
@@ -151,7 +164,14 @@ struct Round {
     one: Duration,
     all: Duration,
     went: WhereTimeWent,
+    /// CPU seconds by program during the round of many.
+    cpu: serde_json::Value,
+    /// The share of that round's tenths of a second with the cores saturated.
+    saturated: f64,
 }
+
+/// Programs named in the CPU breakdown, most CPU first.
+const CPU_PROGRAMS_SHOWN: usize = 7;
 
 impl Round {
     fn json(&self) -> serde_json::Value {
@@ -169,6 +189,8 @@ impl Round {
                 median(self.went.waited.iter().map(|w| w.0).collect()),
             "evicted_after_allowed_median_seconds":
                 median(self.went.waited.iter().map(|w| w.1).collect()),
+            "cpu_seconds_by_program_all_at_once": self.cpu,
+            "machine_saturated_share_all_at_once": self.saturated,
         })
     }
 }

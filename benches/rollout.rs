@@ -33,6 +33,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 use support::jaeger::Jaeger;
+use support::procstat::{
+    BusySampler, CpuSnapshot, apiserver_cpu_profile, apiserver_profile_shares, describe, json_by_program,
+    saturated_share,
+};
 use support::replicas::*;
 use support::rollout::{Checker, create_node_version, roll_nodes};
 use support::sim::SimCloud;
@@ -65,6 +69,10 @@ struct Timed {
     peak_surge: usize,
     /// Calls to the cloud during the rollout, by operation, per replaced node.
     cloud_calls_per_node: BTreeMap<&'static str, f64>,
+    /// CPU seconds each program on the machine used during the rollout.
+    cpu_by_program: Vec<(String, f64)>,
+    /// The machine's busy fraction in each tenth of a second of the rollout.
+    busy: Vec<f64>,
 }
 
 /// Every call to the cloud the replicas made so far, by operation (their
@@ -114,9 +122,17 @@ async fn at_rest(replicas: &Replicas) {
 /// 10 a second) to fill again.
 const REST: Duration = Duration::from_millis(2500);
 
+/// Programs named in the CPU breakdown, most CPU first.
+const CPU_PROGRAMS_SHOWN: usize = 7;
+
 impl Timed {
     fn ratio(&self) -> f64 {
         self.took.as_secs_f64() / self.ideal.as_secs_f64().max(1e-9)
+    }
+
+    /// Where the machine's time went during the rollout, per program.
+    fn cpu_line(&self) -> String {
+        describe(&self.cpu_by_program, self.took, &self.busy, CPU_PROGRAMS_SHOWN)
     }
 
     fn overhead_per_wave(&self, scenario: &Scenario) -> Duration {
@@ -225,7 +241,16 @@ async fn run(scenario: Scenario, command: &str) {
         let image = format!("img-{}", i + 1);
         let began = now_micros();
         let calls_before = cloud_calls(&replicas).await;
+        let (cpu_before, sampler) = (CpuSnapshot::take(), BusySampler::start());
+        // The API server's own profile over the rollout's ideal time (at most
+        // 50 s: a request may last a minute): what a wave's round trips cost.
+        let profile_seconds = scenario.ideal(surge).as_secs().clamp(1, 50);
+        let profile = {
+            let client = env.client.clone();
+            tokio::spawn(async move { apiserver_cpu_profile(&client, profile_seconds).await })
+        };
         let took = roll_nodes(&env, scenario.nodes, &image, Some(surge)).await;
+        let (cpu_by_program, busy) = (CpuSnapshot::take().used_since(&cpu_before), sampler.stop());
         let calls = cloud_calls(&replicas).await;
         let per_node: BTreeMap<&str, f64> = calls
             .iter()
@@ -250,7 +275,30 @@ async fn run(scenario: Scenario, command: &str) {
             ideal: scenario.ideal(surge),
             peak_surge,
             cloud_calls_per_node: per_node,
+            cpu_by_program,
+            busy,
         };
+        // A breakdown that misses the operator measured nothing.
+        assert!(
+            t.cpu_by_program.iter().any(|(p, _)| p == "nodewarden run"),
+            "no CPU time of nodewarden run in {:?}",
+            t.cpu_by_program
+        );
+        println!("rollout: maxSurge {surge}: {}", t.cpu_line());
+        let file = out.join(format!("kube-apiserver-cpu-surge-{surge}.pprof"));
+        match profile.await.map_err(|e| e.to_string()).and_then(|p| p) {
+            Ok(bytes) => match std::fs::write(&file, bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|()| apiserver_profile_shares(&file))
+            {
+                Ok(shares) => println!(
+                    "rollout: maxSurge {surge}: kube-apiserver CPU profile over its first {profile_seconds} s, {shares} (go tool pprof -top {})",
+                    file.display()
+                ),
+                Err(e) => println!("rollout: maxSurge {surge}: kube-apiserver CPU profile: {e}"),
+            },
+            Err(e) => println!("rollout: maxSurge {surge}: no kube-apiserver CPU profile: {e}"),
+        }
         println!(
             "rollout: maxSurge {surge}: cloud calls per replaced node: {:.1} ({})",
             t.cloud_calls_per_node.values().sum::<f64>(),
@@ -289,6 +337,8 @@ async fn run(scenario: Scenario, command: &str) {
                 "overhead_per_wave_seconds": t.overhead_per_wave(&scenario).as_secs_f64(),
                 "peak_surge_seen": t.peak_surge,
                 "cloud_calls_per_node": t.cloud_calls_per_node,
+                "cpu_seconds_by_program": json_by_program(&t.cpu_by_program, CPU_PROGRAMS_SHOWN),
+                "machine_saturated_share": saturated_share(&t.busy),
             })
         })
         .collect();

@@ -39,6 +39,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 use support::nmo::{Nmo, maintenances, release_peer_finalizers};
 use support::plans::{create_plan, replica_plan_flags, upgrade};
+use support::procstat::cpu_seconds;
 use support::replicas::*;
 use support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
 
@@ -110,26 +111,6 @@ fn status_mb(pid: u32, field: &str) -> f64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
-}
-
-/// CPU seconds (user + system) the process has used.
-fn cpu_seconds(pid: u32) -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let ticks = *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(100.0)
-    });
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command (which may hold spaces): state is field 3.
-    let after = text.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15: 12 and 13 after the command.
-    (field(11) + field(12)) / ticks
 }
 
 /// Runs `count` futures made by `make`, `FILL_CONCURRENCY` at a time.

@@ -383,6 +383,19 @@ async fn consistent_reads(client: &kube::Client, resource: &str) -> f64 {
         .sum()
 }
 
+/// Creates a PodTemplate of the first-list set.
+async fn create_template(templates: &Api<PodTemplate>, name: &str) {
+    let template: PodTemplate = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"set": "first-list"}},
+        "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
+    }))
+    .expect("a PodTemplate");
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("creating a PodTemplate");
+}
+
 #[tokio::test]
 async fn a_cached_first_list_is_answered_by_the_watch_cache_without_a_consistent_read() {
     // A control plane of our own: no other client reads PodTemplates there,
@@ -393,15 +406,7 @@ async fn a_cached_first_list_is_answered_by_the_watch_cache_without_a_consistent
     let client = private.0.client().await;
     let templates: Api<PodTemplate> = Api::namespaced(client.clone(), "default");
     for i in 0..3 {
-        let template: PodTemplate = serde_json::from_value(json!({
-            "metadata": {"name": format!("t-{i}"), "labels": {"set": "first-list"}},
-            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-        }))
-        .expect("a PodTemplate");
-        templates
-            .create(&PostParams::default(), &template)
-            .await
-            .expect("creating a PodTemplate");
+        create_template(&templates, &format!("t-{i}")).await;
     }
     let config = |first_list| ReflectorConfig {
         label_selector: Some("set=first-list".into()),
@@ -430,15 +435,7 @@ async fn a_cached_first_list_is_answered_by_the_watch_cache_without_a_consistent
     );
 
     // Both watch on from their list: a new PodTemplate arrives.
-    let template: PodTemplate = serde_json::from_value(json!({
-        "metadata": {"name": "t-late", "labels": {"set": "first-list"}},
-        "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}},
-    }))
-    .expect("a PodTemplate");
-    templates
-        .create(&PostParams::default(), &template)
-        .await
-        .expect("creating a PodTemplate");
+    create_template(&templates, "t-late").await;
     wait_store_equals_list(&store, &templates, "set=first-list").await;
     shutdown.cancel();
     task.await.expect("the reflector ends");

@@ -190,9 +190,11 @@ start_apiserver() {
     --endpoint-reconciler-type=none \
     --allow-privileged=true \
     --watch-cache-sizes=configmaps#0 \
-    --profiling=false
+    --profiling=true
   # ConfigMaps skip the watch cache so that compacting etcd makes their old
   # resourceVersions expire at once: that is how tests force a 410 Gone.
+  # Profiling answers at /debug/pprof/ (cluster-admin only): benches read
+  # where the API server's CPU went.
   wait_healthy kube-apiserver api_ready
 }
 
