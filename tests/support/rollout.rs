@@ -44,7 +44,7 @@ impl Breaches {
 /// change, as it happens: never more nodes than `base + surge` counting
 /// instances on their way (invariant 1); a node disappears only while its heir
 /// is Ready (invariant 2, judged on the node's last state, which the deletion
-/// event carries); the Deployments' budgets hold (invariant 3, sampled).
+/// event carries); the Deployments' budgets hold (invariant 3).
 #[allow(clippy::too_many_arguments)] // the Checker's shared state, each its own handle
 pub async fn check(
     client: Client,
@@ -174,23 +174,29 @@ pub async fn check(
     tokio::spawn(nodes.run(stop.clone()));
     tokio::spawn(pending.run(stop.clone()));
 
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-    while !stop.is_cancelled() {
-        if let Ok(list) = deployments.list(&ListParams::default()).await {
-            for d in list.items {
-                let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
-                let available = d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0);
-                // Each Deployment's budget allows one pod down at a time.
-                if available < want - 1 {
-                    breaches.add(format!(
-                        "deployment {} had {available} of {want} available",
-                        d.name_any()
-                    ));
-                }
-            }
+    // Every state of the Deployments' status, as the watch brings it (a
+    // poll would sample them and keep the API server busy listing).
+    let mut deployments = Reflector::new(
+        "checker-deployments",
+        Api::<Deployment>::namespaced(client.clone(), &namespace),
+        ReflectorConfig::default(),
+    );
+    deployments.on_event(move |event| {
+        let (ReflectorEvent::Added(d) | ReflectorEvent::Updated { new: d, .. }) = event else {
+            return;
+        };
+        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        let available = d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0);
+        // Each Deployment's budget allows one pod down at a time.
+        if available < want - 1 {
+            breaches.add(format!(
+                "deployment {} had {available} of {want} available",
+                d.name_any()
+            ));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    });
+    tokio::spawn(deployments.run(stop.clone()));
+    stop.cancelled().await;
 }
 
 /// Nodes and instances on their way (PendingNode names) at one moment, from
