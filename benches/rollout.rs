@@ -15,7 +15,10 @@
 //! The invariant checker watches every rollout: a bench run that breaks the
 //! surge budget fails. Each rollout starts with nodewarden at rest (no cloud
 //! call for 2.5 s), as a rollout in a running cluster does: the cloud ration
-//! is full then.
+//! is full then. Where the machine's time went is printed per rollout:
+//! every program's CPU seconds, how often the cores were saturated, and
+//! kube-apiserver's own CPU profile (saved beside the timelines, read with
+//! `go tool pprof -top`).
 //!
 //! `cargo bench --bench rollout` (`just bench-rollout`) prints one line per
 //! surge and writes `.run/bench-rollout/rollout.json`. Under `cargo test`
@@ -286,19 +289,19 @@ async fn run(scenario: Scenario, command: &str) {
         );
         println!("rollout: maxSurge {surge}: {}", t.cpu_line());
         let file = out.join(format!("kube-apiserver-cpu-surge-{surge}.pprof"));
-        match profile.await.map_err(|e| e.to_string()).and_then(|p| p) {
-            Ok(bytes) => match std::fs::write(&file, bytes)
-                .map_err(|e| e.to_string())
-                .and_then(|()| apiserver_profile_shares(&file))
-            {
-                Ok(shares) => println!(
-                    "rollout: maxSurge {surge}: kube-apiserver CPU profile over its first {profile_seconds} s, {shares} (go tool pprof -top {})",
-                    file.display()
-                ),
-                Err(e) => println!("rollout: maxSurge {surge}: kube-apiserver CPU profile: {e}"),
-            },
-            Err(e) => println!("rollout: maxSurge {surge}: no kube-apiserver CPU profile: {e}"),
-        }
+        // The local control plane serves profiles and `go` built it: a
+        // profile that cannot be had or read is a broken bench.
+        let shares = profile
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|p| p)
+            .and_then(|bytes| std::fs::write(&file, bytes).map_err(|e| e.to_string()))
+            .and_then(|()| apiserver_profile_shares(&file))
+            .unwrap_or_else(|e| panic!("kube-apiserver's CPU profile at maxSurge {surge}: {e}"));
+        println!(
+            "rollout: maxSurge {surge}: kube-apiserver CPU profile over its first {profile_seconds} s, {shares} (go tool pprof -top {})",
+            file.display()
+        );
         println!(
             "rollout: maxSurge {surge}: cloud calls per replaced node: {:.1} ({})",
             t.cloud_calls_per_node.values().sum::<f64>(),
