@@ -207,7 +207,8 @@ pub async fn check(
 /// A PendingNode whose create was answered but not yet recorded (its leader
 /// was cut off in between) names no node; with the sim-cloud at hand, the
 /// instance made for it (its idempotency key is the PendingNode's name) is
-/// looked up, so its Node, once joined, is not counted twice.
+/// looked up, so its Node, once joined, is not counted twice. Without it,
+/// such a PendingNode is left out until it names its node.
 async fn in_flight_now(
     client: &Client,
     selector: &str,
@@ -241,6 +242,11 @@ async fn in_flight_now(
         .items
         .iter()
         .filter(|p| p.spec.goal == Some(nodewarden::api::update::PendingNodeGoal::Join))
+        // Without the sim-cloud to ask, a PendingNode that names no node yet
+        // is not counted: its instance may already be one of the nodes (the
+        // aws provider names it only once the group shows it, and a fast
+        // joiner registers it before). Once named it is counted as any other.
+        .filter(|p| sim.is_some() || !p.spec.node_name.is_empty())
         .filter(|p| !seen.contains(&node_of(p)))
         .map(|p| format!("{} ({})", p.name_any(), p.spec.node_name))
         .collect();
