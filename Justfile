@@ -26,7 +26,17 @@ test: lint check-crds
     e2e/controlplane/cluster.sh up >/dev/null
     # Jaeger (built from Go modules, cached) receives the production test's traces.
     e2e/jaeger/build.sh >/dev/null
-    cargo test --all-targets
+    # Every test binary runs whatever fails before it; the failures are
+    # listed again at the end, by binary, so none hides in the output.
+    mkdir -p .run/test
+    log=.run/test/cargo-test.log
+    status=0
+    cargo test --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
+    if [ "$status" -ne 0 ]; then
+      echo "== failed tests (whole output in $log) =="
+      awk '/^ +Running /{binary=$2} / \.\.\. FAILED$/{print "  " binary ": " $2} /^error: [0-9]+ targets? failed/{summary=1} summary' "$log"
+    fi
+    exit "$status"
 
 # The chaos runs once per seed: a rollout (tests/chaos.rs) and storms of maintenances, Plans and SIPClusters (tests/chaos_storms.rs) by 3 replicas while every fault strikes; logs in .run/chaos/.
 chaos seeds="1 2 3 4 5 6 7 8 9 10":

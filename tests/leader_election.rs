@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector, LeaderHandle};
+use support::late::HoldingLink;
 use support::{TcpProxy, TestEnv};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -597,10 +598,13 @@ async fn stalled_leader_stops_before_its_lease_expires() {
     cut_off_leader(Cut::Stall).await;
 }
 
-/// The controllers' client writes only within the replica's term: refused
-/// before it leads, and a write stuck on a stalled connection is abandoned
-/// when leadership lapses — the API server never sees it, however late the
-/// connection comes back.
+/// The controllers' client writes only within the replica's term: a write is
+/// refused before the replica leads, and one stuck on a stalled connection is
+/// abandoned by the renew deadline, so the replica stops acting. The fence
+/// cannot recall a request already on the wire; what keeps its late arrival
+/// harmless is the write's precondition. Here the stuck write reaches the API
+/// server after a successor took the lease and acted, and is refused there
+/// (409 Conflict): the object keeps the successor's state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_client_writes_only_within_the_lease_term() {
     use k8s_openapi::api::core::v1::ConfigMap;
@@ -612,19 +616,32 @@ async fn a_fenced_client_writes_only_within_the_lease_term() {
     let env = TestEnv::new("leader-fence").await;
     let t = Timings::secs(3.0, 2.0, 0.5);
     let cp = support::control_plane();
+    // The election's Lease writes go through the proxy (stalled, they cannot
+    // renew); the fenced writes through a link that holds them and delivers
+    // them late.
     let proxy = TcpProxy::start(cp.apiserver_addr()).await;
-    let through_proxy = cp.client_via(&proxy).await;
-    let elector = LeaderElector::new(through_proxy.clone(), config(&env.namespace, "fenced", t))
+    let elector = LeaderElector::new(cp.client_via(&proxy).await, config(&env.namespace, "fenced", t))
         .expect("a valid config");
     let handle = elector.handle();
-    let writes = Api::<ConfigMap>::namespaced(fenced(through_proxy, handle.clone()), &env.namespace);
+    let link = HoldingLink::new(cp.client().await);
+    let writes = Api::<ConfigMap>::namespaced(fenced(link.client(), handle.clone()), &env.namespace);
     let admin = Api::<ConfigMap>::namespaced(cp.client().await, &env.namespace);
-    let config_map = |name: &str| -> ConfigMap {
-        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("a ConfigMap")
+    let config_map = |name: &str, owner: &str| -> ConfigMap {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"owner": owner}}))
+            .expect("a ConfigMap")
     };
+    let owned_by = |mut cm: ConfigMap, owner: &str| -> ConfigMap {
+        cm.data
+            .get_or_insert_default()
+            .insert("owner".into(), owner.into());
+        cm
+    };
+    let owner = |cm: &ConfigMap| cm.data.as_ref().and_then(|d| d.get("owner")).cloned();
     let category = |e: kube::Error| nodewarden::error::Error::from(e).category();
 
-    let refused = writes.create(&PostParams::default(), &config_map("before")).await;
+    let refused = writes
+        .create(&PostParams::default(), &config_map("before", "fenced"))
+        .await;
     assert_eq!(
         refused.map(drop).map_err(category),
         Err(Category::NotLeader),
@@ -634,18 +651,20 @@ async fn a_fenced_client_writes_only_within_the_lease_term() {
     let task = tokio::spawn(elector.run(shutdown.clone()));
     wait_until_leading(&handle, Duration::from_secs(10)).await;
     writes
-        .create(&PostParams::default(), &config_map("leading"))
+        .create(&PostParams::default(), &config_map("state", "fenced"))
         .await
         .expect("a write while leading");
-    assert!(
-        writes.get("leading").await.is_ok(),
-        "reads pass the fence whoever leads"
-    );
+    // What the leader decides on: the object at this resourceVersion.
+    let seen = writes
+        .get("state")
+        .await
+        .expect("reads pass the fence whoever leads");
 
     proxy.stall();
+    link.hold();
     let started = Instant::now();
     let stuck = writes
-        .create(&PostParams::default(), &config_map("stalled"))
+        .replace("state", &PostParams::default(), &owned_by(seen, "fenced, late"))
         .await;
     let took = started.elapsed();
     assert_eq!(
@@ -658,14 +677,49 @@ async fn a_fenced_client_writes_only_within_the_lease_term() {
         "abandoned after {took:?}, later than the renew deadline {:?}",
         t.renew
     );
-    proxy.restore();
-    tokio::time::sleep(t.lease).await;
     assert!(
-        admin.get_opt("stalled").await.expect("reading").is_none(),
-        "the abandoned write never reached the API server"
+        !handle.is_leader(),
+        "the replica stopped leading with its write abandoned"
+    );
+    assert_eq!(link.held(), 1, "the abandoned write is still on its way");
+
+    // A successor takes the lease once it expires, and acts on what it reads.
+    let successor = LeaderElector::new(cp.client().await, config(&env.namespace, "successor", t))
+        .expect("a valid config");
+    let successor_handle = successor.handle();
+    let successor_task = tokio::spawn(successor.run(shutdown.clone()));
+    wait_until_leading(&successor_handle, Duration::from_secs(15)).await;
+    let successor_writes = Api::<ConfigMap>::namespaced(
+        fenced(cp.client().await, successor_handle.clone()),
+        &env.namespace,
+    );
+    let current = successor_writes.get("state").await.expect("reading the state");
+    successor_writes
+        .replace("state", &PostParams::default(), &owned_by(current, "successor"))
+        .await
+        .expect("the successor's write");
+
+    // The stalled write arrives now, after the leader change: refused.
+    proxy.restore();
+    let answers = link.deliver().await;
+    assert_eq!(answers.len(), 1, "one late write: {answers:?}");
+    let late = &answers[0];
+    assert_eq!(
+        (late.method.as_str(), late.status),
+        ("PUT", http::StatusCode::CONFLICT),
+        "the late write is refused by its precondition: {}",
+        late.describe()
+    );
+    assert!(!late.sender_waited, "its sender had given up on it");
+    let now = admin.get("state").await.expect("reading the state");
+    assert_eq!(
+        owner(&now).as_deref(),
+        Some("successor"),
+        "the object shows the successor's state"
     );
     assert!(admin.get_opt("before").await.expect("reading").is_none());
     shutdown.cancel();
     let _ = task.await;
+    let _ = successor_task.await;
     env.cleanup().await;
 }

@@ -10,10 +10,19 @@
 //! So every write (anything but GET, HEAD, OPTIONS and a watch) of the
 //! controllers' client is refused at once when this replica does not lead,
 //! and abandoned when its leadership lapses before the request is answered:
-//! dropped before it is sent, a write is never made; sent in time, it arrives
-//! within the margin between the renew deadline and the lease duration,
-//! which the election's config checks. The election's own Lease writes use
-//! the unfenced client.
+//! the replica stops acting by its renew deadline, before its lease can
+//! expire for anyone else. The election's own Lease writes use the unfenced
+//! client.
+//!
+//! What the fence cannot do is recall a request already on the wire: a write
+//! sent just before leadership lapsed may still reach the API server later,
+//! after a successor acted. Safety rests on the writes themselves: each write
+//! whose late arrival could do harm is conditional (a resourceVersion
+//! precondition, a create of a fixed name, a delete with preconditions, a
+//! cloud call keyed by the object it serves), so the API server or the cloud
+//! refuses it when it lands after someone else acted; the others are harmless
+//! when late, and `controllers::write_guards` lists every write with the
+//! reason.
 
 use std::future::Future;
 use std::pin::Pin;
