@@ -510,3 +510,79 @@ async fn killed_mid_boot_the_restarted_sim_loses_nothing() {
     sim.kill().await;
     env.cleanup().await;
 }
+
+/// A cloud create is keyed by the UID of the PendingNode it serves: the same
+/// create arriving again (late, from a leader whose term lapsed) finds the
+/// instance already made instead of leaking a second, and a PendingNode
+/// recreated under the same name is never taken for the one before.
+#[tokio::test]
+async fn a_create_keyed_by_a_pending_node_is_made_once_and_never_for_its_namesake() {
+    use kube::api::{DeleteParams, PostParams};
+    use nodewarden::api::update::PendingNode;
+    use nodewarden::controllers::pending_node::{REQUEST_KEY_ANNOTATION, request_key};
+
+    let env = TestEnv::new("sim-keyed-create").await;
+    support::install_crds(&env.client).await;
+    let (files, group) = files(&env, "w", "    role: Worker\n    image: img-v1\n");
+    let sim = SimCloud::start(&files.config, &files.state).await;
+    let p = &sim.provider;
+    let pending: Api<PendingNode> = Api::all(env.client.clone());
+    let name = env.name("join");
+    let tracker: PendingNode = serde_json::from_value(serde_json::json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1",
+        "kind": "PendingNode",
+        "metadata": {"name": name, "labels": {RUN_LABEL: env.id}, "annotations": {REQUEST_KEY_ANNOTATION: "uid"}},
+        "spec": {"groupID": group, "goal": "Join"},
+    }))
+    .expect("a PendingNode");
+    let create = |key: String| {
+        let request = CreateNodeRequest::new(&group).with_request_id(key);
+        async move { p.create_node(&request).await.expect("creating") }
+    };
+
+    let first = pending
+        .create(&PostParams::default(), &tracker)
+        .await
+        .expect("the PendingNode");
+    let first_key = request_key(&first).expect("a key");
+    assert_eq!(Some(&first_key), first.metadata.uid.as_ref(), "keyed by its UID");
+    let made = create(first_key.clone()).await;
+    let again = create(first_key.clone()).await;
+    assert_eq!(
+        again.node_name, made.node_name,
+        "the late create finds the instance made"
+    );
+    assert_eq!(instances(p).await.len(), 1, "no second instance");
+
+    pending
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleting the PendingNode");
+    wait_for("the PendingNode to go", TIMEOUT, || async {
+        match pending.get_opt(&name).await {
+            Ok(None) => Probe::Done(()),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+    let namesake = pending
+        .create(&PostParams::default(), &tracker)
+        .await
+        .expect("the namesake");
+    let namesake_key = request_key(&namesake).expect("a key");
+    assert_ne!(namesake_key, first_key, "the namesake has a key of its own");
+    let its_own = create(namesake_key).await;
+    assert_ne!(
+        its_own.node_name, made.node_name,
+        "the namesake gets an instance of its own"
+    );
+    let late = create(first_key).await;
+    assert_eq!(
+        late.node_name, made.node_name,
+        "a late create for the one before finds its instance"
+    );
+    assert_eq!(instances(p).await.len(), 2, "one instance each, none leaked");
+
+    sim.kill().await;
+    env.cleanup().await;
+}

@@ -13,6 +13,8 @@ pub mod replacement_trace;
 pub mod rollout;
 pub mod scaling_group;
 pub mod sip_cluster;
+#[cfg(test)]
+mod write_guards;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use crate::cloud::CloudProvider;
@@ -192,5 +194,30 @@ where
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Delete parameters that delete only the object `meta` describes: its UID
+/// as precondition. A delete that lands late, after its name went to a new
+/// object, answers 409 instead of deleting that one (see `write_guards`).
+pub fn same_object(meta: &ObjectMeta) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Delete parameters that delete the object `meta` describes only as it
+/// was read: its UID and resourceVersion as preconditions (409 otherwise).
+pub fn same_version(meta: &ObjectMeta) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+        }),
+        ..Default::default()
     }
 }

@@ -478,9 +478,15 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
             return Ok(Action::Done);
         }
         let decision = self.decide(obj.as_ref(), &owner, &node_name).await?;
+        // The version the status is written on: the one read, or the one
+        // this pass's owner reference wrote.
+        let mut version = obj.resource_version();
         let drain = match (&decision, self.ctx.nodes.get(&ObjectKey::cluster(&node_name))) {
             (Decision::Drain, Some(node)) => match self.start_drain(&api, key, obj.as_ref(), &node).await {
-                Ok(drain) => Some(drain),
+                Ok((drain, written)) => {
+                    version = written.or(version);
+                    Some(drain)
+                }
                 // The Node went after our store saw it (a rollout retired
                 // it): the watch brings its deletion, and the garbage
                 // collector this maintenance. Not an error to retry.
@@ -492,7 +498,9 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
         if matches!(decision, Decision::Fail { .. }) {
             self.ctx.release(&owner);
         }
-        let phase = self.report(&api, obj.as_ref(), &decision, drain.as_ref()).await?;
+        let phase = self
+            .report(&api, obj.as_ref(), version.as_deref(), &decision, drain.as_ref())
+            .await?;
         let (running, blocked) = self.ctx.engine.counts();
         self.ctx.metrics.drains_running.set(running as i64);
         self.ctx.metrics.drains_blocked.set(blocked as i64);
@@ -545,11 +553,18 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
     }
 
     /// Owns the node, quarantines it and makes sure its drain runs (the
-    /// drain's progress re-queues this maintenance).
-    async fn start_drain(&self, api: &Api<M>, key: &Key<M>, obj: &M, node: &Node) -> Result<DrainStatus> {
+    /// drain's progress re-queues this maintenance). Returns the drain, and
+    /// the maintenance's version if the owner reference was written now.
+    async fn start_drain(
+        &self,
+        api: &Api<M>,
+        key: &Key<M>,
+        obj: &M,
+        node: &Node,
+    ) -> Result<(DrainStatus, Option<String>)> {
         let node_name = obj.node_name();
         let owner = owner_of(obj);
-        self.set_owner_reference(api, obj, node).await?;
+        let written = self.set_owner_reference(api, obj, node).await?;
         self.quarantine(node_name, &owner).await?;
         let options = DrainOptions {
             timeout: obj.drain_timeout().and_then(parse_duration),
@@ -557,21 +572,28 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             ..DrainOptions::default()
         };
         let (queue, me) = (self.queue.clone(), key.clone());
-        Ok(self.ctx.engine.ensure(
+        let drain = self.ctx.engine.ensure(
             node_name,
             &owner,
             options,
             Arc::new(move || queue.add(me.clone())),
-        ))
+        );
+        Ok((drain, written))
     }
 
     /// Writes the status the decision and the drain lead to (pure
     /// [`status_for`]) when it changed, with the drain's metrics and trace
     /// when it ended and an Event when the phase changed. Returns the phase.
+    ///
+    /// The write is conditioned on `version`, the maintenance's as read (or
+    /// as this pass wrote it): the phase is what rollouts and other
+    /// maintenances decide on, so a status landing late, after another
+    /// leader wrote a newer one, is refused (409) rather than undoing it.
     async fn report(
         &self,
         api: &Api<M>,
         obj: &M,
+        version: Option<&str>,
         decision: &Decision,
         drain: Option<&DrainStatus>,
     ) -> Result<MaintenancePhase> {
@@ -588,16 +610,7 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             return Ok(phase);
         }
         status.last_update = Some(Time(now));
-        let mut patch = json!({"status": status});
-        // A merge patch keeps fields it does not name: clearing needs null.
-        for (field, cleared) in [
-            ("blockedBy", status.blocked_by.is_none()),
-            ("lastError", status.last_error.is_none()),
-        ] {
-            if cleared {
-                patch["status"][field] = serde_json::Value::Null;
-            }
-        }
+        let patch = status_patch(&status, version);
         api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         let ended = matches!(phase, MaintenancePhase::Succeeded | MaintenancePhase::Failed)
@@ -717,10 +730,11 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         Ok(())
     }
 
-    async fn set_owner_reference(&self, api: &Api<M>, obj: &M, node: &Node) -> Result<()> {
+    /// Returns the maintenance's new version when it wrote one.
+    async fn set_owner_reference(&self, api: &Api<M>, obj: &M, node: &Node) -> Result<Option<String>> {
         let uid = node.metadata.uid.clone().unwrap_or_default();
         if obj.owner_references().iter().any(|r| r.uid == uid) {
-            return Ok(());
+            return Ok(None);
         }
         let mut refs = obj.owner_references().to_vec();
         refs.push(OwnerReference {
@@ -731,9 +745,10 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             ..Default::default()
         });
         let patch = json!({"metadata": {"ownerReferences": refs, "resourceVersion": obj.resource_version()}});
-        api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        let written = api
+            .patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        Ok(())
+        Ok(written.resource_version())
     }
 
     /// Cordon, taints and the exclude label, recorded on the node for undo.
@@ -862,6 +877,23 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
     }
 }
 
+/// The merge patch that writes `status`, conditioned on `version` (the
+/// maintenance's resourceVersion the status was computed from). A merge patch
+/// keeps fields it does not name: the optional fields that are unset are
+/// written as null, so they are cleared.
+pub fn status_patch(status: &NodeMaintenanceStatus, version: Option<&str>) -> serde_json::Value {
+    let mut patch = json!({"metadata": {"resourceVersion": version}, "status": status});
+    for (field, cleared) in [
+        ("blockedBy", status.blocked_by.is_none()),
+        ("lastError", status.last_error.is_none()),
+    ] {
+        if cleared {
+            patch["status"][field] = serde_json::Value::Null;
+        }
+    }
+    patch
+}
+
 /// Replaces the finalizer list, conditioned on the object's resourceVersion.
 async fn patch_finalizers<M: MaintenanceObject>(
     api: &Api<M>,
@@ -983,6 +1015,35 @@ mod tests {
     use super::*;
     use crate::api::node_maintenance::{DrainBlocker, PodReference};
     use crate::drain::DrainProgress;
+
+    #[test]
+    fn a_status_is_written_on_the_version_it_was_computed_from_and_clears_what_is_unset() {
+        let status = NodeMaintenanceStatus {
+            phase: Some(MaintenancePhase::Running),
+            last_error: None,
+            blocked_by: None,
+            ..Default::default()
+        };
+        let patch = status_patch(&status, Some("42"));
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        assert_eq!(patch["status"]["phase"], "Running");
+        for cleared in ["lastError", "blockedBy"] {
+            assert!(
+                patch["status"]
+                    .get(cleared)
+                    .is_some_and(serde_json::Value::is_null),
+                "{cleared} is written as null: {patch}"
+            );
+        }
+        let failed = NodeMaintenanceStatus {
+            last_error: Some("a budget".into()),
+            ..status
+        };
+        assert_eq!(
+            status_patch(&failed, Some("43"))["status"]["lastError"],
+            "a budget"
+        );
+    }
 
     fn ts(s: i64) -> Timestamp {
         Timestamp::from_second(s).expect("a time")

@@ -8,7 +8,7 @@
 //! change of a watched object reconciles the NodeVersions again.
 //!
 //! Creating an instance never leaks one: the PendingNode that tracks it is
-//! written first, and its name is the idempotency key of the cloud call, so a
+//! written first, and its UID is the idempotency key of the cloud call, so a
 //! leader that dies in between leaves a PendingNode its successor completes.
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,14 +26,14 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::App;
-use super::pending_node::{CREATED_IMAGE_ANNOTATION, created_patch};
+use super::pending_node::{CREATED_IMAGE_ANNOTATION, REQUEST_KEY_ANNOTATION, created_patch, request_key};
 use super::replacement_trace::{
     FinishedReplacement, SentRoots, TRACE_FLUSH_TIMEOUT, drain_annotations, trace_create,
     trace_delete_instance, trace_join, trace_node_deleted, trace_replacement, trace_rollout_end,
     trace_surplus, trace_transfer,
 };
 use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
-use super::{delete_if_present, node_is_ready, node_maintenance};
+use super::{delete_if_present, node_is_ready, node_maintenance, same_object};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::update::{
@@ -463,6 +463,32 @@ fn rollout_conditions(
 }
 
 /// The trace annotations a replacement carries from object to object.
+/// The pairing's two merge patches, (heir's, donor's), each conditioned on
+/// the version of the node as read (`donor`, `heir`): the heir inherits the
+/// donor's labels, both name each other and carry the replacement's trace
+/// (taken from `trace_from`: the PendingNode's annotations, or the heir's).
+pub fn pairing_patches(
+    donor: &Node,
+    heir: &Node,
+    trace_from: Option<&BTreeMap<String, String>>,
+) -> (serde_json::Value, serde_json::Value) {
+    let carried = carried_trace(trace_from);
+    let mut heir_annotations = json!(carried);
+    heir_annotations[DONOR_ANNOTATION] = json!(donor.name_any());
+    let heir_patch = json!({"metadata": {
+        "labels": inheritable_labels(donor),
+        "annotations": heir_annotations,
+        "resourceVersion": heir.resource_version(),
+    }});
+    let mut donor_annotations = json!(carried);
+    donor_annotations[HEIR_ANNOTATION] = json!(heir.name_any());
+    let donor_patch = json!({"metadata": {
+        "annotations": donor_annotations,
+        "resourceVersion": donor.resource_version(),
+    }});
+    (heir_patch, donor_patch)
+}
+
 fn carried_trace(annotations: Option<&BTreeMap<String, String>>) -> BTreeMap<&'static str, &String> {
     annotations
         .map(|a| {
@@ -604,12 +630,14 @@ impl NodeVersionReconciler {
     async fn settle_joins(&self, nv: &NodeVersion, scope: &Scope) -> Result<Joins> {
         let pending_api: Api<PendingNode> = Api::all(self.client.clone());
         let (joins, settled) = sort_joins(nv, scope);
-        for p in &settled {
-            delete_if_present(&pending_api, p, &DeleteParams::default()).await?;
+        for p in scope.pending.iter().filter(|p| settled.contains(&p.name_any())) {
+            delete_if_present(&pending_api, &p.name_any(), &same_object(&p.metadata)).await?;
         }
         for node in &joins.surplus {
-            self.mark_surplus(node, "it joined on an image the rollout no longer wants")
-                .await?;
+            if let Some(n) = scope.nodes.iter().find(|n| n.name_any() == *node) {
+                self.mark_surplus(n, "it joined on an image the rollout no longer wants")
+                    .await?;
+            }
         }
         Ok(joins)
     }
@@ -880,10 +908,13 @@ impl NodeVersionReconciler {
                 }
                 None => Ok(()),
             },
-            Step::MarkObsolete { node } => {
-                self.mark_surplus(node, "no outdated node of its group is left to replace")
-                    .await
-            }
+            Step::MarkObsolete { node } => match find(node) {
+                Some(n) => {
+                    self.mark_surplus(&n, "no outdated node of its group is left to replace")
+                        .await
+                }
+                None => Ok(()),
+            },
             Step::Drain { node } => self.drain(nv, node, find(node).as_deref()).await,
             Step::Retire { node } => match find(node) {
                 Some(n) => self.retire(nv, &n).await,
@@ -944,37 +975,23 @@ impl NodeVersionReconciler {
             trace::flush(TRACE_FLUSH_TIMEOUT).await;
         }
         let transfer_started = SystemTime::now();
-        let labels = inheritable_labels(donor_node);
         // The replacement's trace moves from the PendingNode to both nodes.
         // (From the heir itself when finishing a half-written pairing
         // whose PendingNode is gone.)
-        let carried = carried_trace(
-            joined
-                .as_ref()
-                .and_then(|p| p.metadata.annotations.as_ref())
-                .or(fresh_heir.metadata.annotations.as_ref()),
-        );
-        let mut heir_annotations = json!(carried);
-        heir_annotations[DONOR_ANNOTATION] = json!(donor);
-        let heir_patch = json!({"metadata": {
-            "labels": labels,
-            "annotations": heir_annotations,
-            "resourceVersion": fresh_heir.resource_version(),
-        }});
+        let trace_from = joined
+            .as_ref()
+            .and_then(|p| p.metadata.annotations.as_ref())
+            .or(fresh_heir.metadata.annotations.as_ref());
+        let (heir_patch, donor_patch) = pairing_patches(donor_node, &fresh_heir, trace_from);
         let paired_heir = node_api
             .patch(heir, &PatchParams::default(), &Patch::Merge(&heir_patch))
             .await?;
-        let mut donor_annotations = json!(carried);
-        donor_annotations[HEIR_ANNOTATION] = json!(heir);
-        let donor_patch = json!({"metadata": {
-            "annotations": donor_annotations,
-            "resourceVersion": fresh_donor.resource_version(),
-        }});
         let paired_donor = node_api
             .patch(&donor, &PatchParams::default(), &Patch::Merge(&donor_patch))
             .await?;
         if let Some((tp, _)) = replacement {
-            trace_transfer(&tp, transfer_started, heir, &donor, labels.len()).await;
+            let labels = inheritable_labels(donor_node).len();
+            trace_transfer(&tp, transfer_started, heir, &donor, labels).await;
         }
         Ok((paired_heir, paired_donor))
     }
@@ -984,7 +1001,7 @@ impl NodeVersionReconciler {
     async fn release_join(&self, heir: &str) -> Result<()> {
         let pending: Api<PendingNode> = Api::all(self.client.clone());
         for p in self.pending.list().iter().filter(|p| p.spec.node_name == heir) {
-            delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
+            delete_if_present(&pending, &p.name_any(), &same_object(&p.metadata)).await?;
         }
         Ok(())
     }
@@ -1123,8 +1140,14 @@ impl NodeVersionReconciler {
         }
         for p in left.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &p.namespace().unwrap_or_default());
-            // A budget refusing (429) is retried with the reconcile.
-            if let Err(e) = api.evict(&p.name_any(), &EvictParams::default()).await {
+            // This pod, not one made since under its name (a StatefulSet's
+            // on another node). A budget refusing (429) is retried with the
+            // reconcile.
+            let params = EvictParams {
+                delete_options: Some(same_object(&p.metadata)),
+                ..Default::default()
+            };
+            if let Err(e) = api.evict(&p.name_any(), &params).await {
                 tracing::debug!(pod = %p.name_any(), error = %e, "evicting a pod left on a drained node");
             }
         }
@@ -1137,7 +1160,7 @@ impl NodeVersionReconciler {
         })
     }
 
-    /// A PendingNode first (its name is the cloud call's idempotency key),
+    /// A PendingNode first (its UID is the cloud call's idempotency key),
     /// then the instance; the PendingNode controller finishes a create that
     /// was interrupted.
     async fn create_instance(
@@ -1155,6 +1178,7 @@ impl NodeVersionReconciler {
         let mut annotations = BTreeMap::from([
             (TRACEPARENT_ANNOTATION.to_string(), replacement.header()),
             (TRACE_STARTED_ANNOTATION.to_string(), trace::format_time(started)),
+            (REQUEST_KEY_ANNOTATION.to_string(), "uid".to_string()),
         ]);
         if let Some(r) = rollout_trace {
             annotations.insert(ROLLOUT_TRACEPARENT_ANNOTATION.to_string(), r.header());
@@ -1176,12 +1200,13 @@ impl NodeVersionReconciler {
             status: None,
         };
         let written = pending.create(&PostParams::default(), &pn).await?;
+        let key = request_key(&written)?;
         self.leader.ensure_leader()?;
         let created = self
             .cloud
             .create_node(&CreateNodeRequest {
                 group_id: group.to_string(),
-                request_id: Some(name.clone()),
+                request_id: Some(key.clone()),
             })
             .await?;
         let accepted = SystemTime::now();
@@ -1190,7 +1215,7 @@ impl NodeVersionReconciler {
             started,
             accepted,
             group,
-            &name,
+            &key,
             &created.provider_id,
             false,
         );
@@ -1206,16 +1231,24 @@ impl NodeVersionReconciler {
     /// A new node nobody needs any more: marked for removal, its PendingNode
     /// let go, and its trace closed (a root span `surplus node`, so the
     /// phases it already has are not left without one).
-    async fn mark_surplus(&self, node: &str, why: &str) -> Result<()> {
+    ///
+    /// The mark is conditioned on the node's version as judged: landing
+    /// late, after another leader paired the node as an heir, it would
+    /// retire that heir.
+    async fn mark_surplus(&self, n: &Node, why: &str) -> Result<()> {
+        let node = n.name_any();
         let node_api: Api<Node> = Api::all(self.client.clone());
-        let patch = json!({"metadata": {"annotations": {OBSOLETE_ANNOTATION: "true"}}});
+        let patch = json!({"metadata": {
+            "annotations": {OBSOLETE_ANNOTATION: "true"},
+            "resourceVersion": n.resource_version(),
+        }});
         node_api
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         let pending: Api<PendingNode> = Api::all(self.client.clone());
         for p in self.pending.list().iter().filter(|p| p.spec.node_name == node) {
-            trace_surplus(p, node, why).await;
-            delete_if_present(&pending, &p.name_any(), &DeleteParams::default()).await?;
+            trace_surplus(p, &node, why).await;
+            delete_if_present(&pending, &p.name_any(), &same_object(&p.metadata)).await?;
         }
         Ok(())
     }
@@ -1422,10 +1455,14 @@ impl NodeVersionReconciler {
         let api: Api<AutoscalingStrategy> = Api::all(self.client.clone());
         for s in self.strategies.list() {
             let paused_by_us = s.annotations().get(PAUSED_BY_ANNOTATION).map(String::as_str) == Some(nv);
+            // Conditioned on the version judged: a pause landing late, after
+            // another leader resumed at the rollout's end, is refused (as is
+            // a late resume in a rollout that began again).
+            let version = s.resource_version();
             let patch = if outdated && s.spec.enabled {
-                json!({"metadata": {"annotations": {PAUSED_BY_ANNOTATION: nv}}, "spec": {"enabled": false}})
+                json!({"metadata": {"annotations": {PAUSED_BY_ANNOTATION: nv}, "resourceVersion": version}, "spec": {"enabled": false}})
             } else if !outdated && paused_by_us {
-                json!({"metadata": {"annotations": {PAUSED_BY_ANNOTATION: null}}, "spec": {"enabled": true}})
+                json!({"metadata": {"annotations": {PAUSED_BY_ANNOTATION: null}, "resourceVersion": version}, "spec": {"enabled": true}})
             } else {
                 continue;
             };
@@ -1753,6 +1790,31 @@ mod tests {
         assert!(retired.contains(&old), "the store still shows it");
         retired.forget_gone(std::slice::from_ref(&other));
         assert!(!retired.contains(&old), "forgotten once the store dropped it");
+    }
+
+    #[test]
+    fn the_pairing_is_written_on_the_versions_read() {
+        let node = |name: &str, rv: &str, labels: serde_json::Value| -> Node {
+            serde_json::from_value(
+                json!({"metadata": {"name": name, "resourceVersion": rv, "labels": labels}}),
+            )
+            .expect("a Node")
+        };
+        let donor = node("old", "10", json!({"team": "a", "kubernetes.io/hostname": "old"}));
+        let heir = node("new", "20", json!({}));
+        let trace = BTreeMap::from([(TRACEPARENT_ANNOTATION.to_string(), "00-t-s-01".to_string())]);
+        let (heir_patch, donor_patch) = pairing_patches(&donor, &heir, Some(&trace));
+        assert_eq!(heir_patch["metadata"]["resourceVersion"], "20");
+        assert_eq!(heir_patch["metadata"]["labels"], json!({"team": "a"}));
+        assert_eq!(heir_patch["metadata"]["annotations"][DONOR_ANNOTATION], "old");
+        assert_eq!(donor_patch["metadata"]["resourceVersion"], "10");
+        assert_eq!(donor_patch["metadata"]["annotations"][HEIR_ANNOTATION], "new");
+        for patch in [&heir_patch, &donor_patch] {
+            assert_eq!(
+                patch["metadata"]["annotations"][TRACEPARENT_ANNOTATION],
+                "00-t-s-01"
+            );
+        }
     }
 
     #[test]

@@ -2,9 +2,9 @@
 //! cluster.
 //!
 //! Join: finish an interrupted create (same idempotency key: the PendingNode's
-//! name), record the cloud state, mark the goal reached once the Node is Ready,
-//! and past the deadline delete the instance and switch the goal to Leave (a
-//! new instance is then created by the rollout). Leave: make sure the instance
+//! UID, see [`request_key`]), record the cloud state, mark the goal reached
+//! once the Node is Ready, and past the deadline switch the goal to Leave and
+//! delete the instance (a new instance is then created by the rollout). Leave: make sure the instance
 //! is deleted, and forget the PendingNode once the cloud says it is gone.
 //! The cloud has no watch, so this controller polls it — every few seconds,
 //! and only while an instance is in flight.
@@ -16,14 +16,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::App;
 use super::node_version::HEIR_ANNOTATION;
 use super::replacement_trace::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
-use super::{delete_if_present, node_is_ready};
+use super::{delete_if_present, node_is_ready, same_object, same_version};
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
 use crate::cloud::{CloudProvider, CreateNodeRequest, CreatedNode, InstanceState};
 use crate::error::{Error, Result};
@@ -187,9 +187,44 @@ pub fn created_patch(
     })
 }
 
+/// On a PendingNode: what its cloud create is keyed by. `uid` (what
+/// nodewarden writes): its UID, so a create that reaches the cloud late, for
+/// a PendingNode since deleted, is never taken for that of a new one of the
+/// same name. Without it (PendingNodes written before, or by hand): its name.
+pub const REQUEST_KEY_ANNOTATION: &str = "nodewarden.dev/request-key";
+
+/// The idempotency key of `pn`'s cloud create (see [`REQUEST_KEY_ANNOTATION`]).
+pub fn request_key(pn: &PendingNode) -> Result<String> {
+    let by_uid = pn.annotations().get(REQUEST_KEY_ANNOTATION).map(String::as_str) == Some("uid");
+    if !by_uid {
+        return Ok(pn.name_any());
+    }
+    pn.metadata.uid.clone().ok_or_else(|| Error::InvalidObject {
+        kind: "PendingNode",
+        name: pn.name_any(),
+        reason: "its create is keyed by its UID, but it has no metadata.uid".into(),
+    })
+}
+
 /// On a PendingNode whose instance did not join in time (and is being
 /// deleted): when that was decided.
 pub const JOIN_TIMED_OUT_ANNOTATION: &str = "nodewarden.dev/join-timed-out";
+
+/// The patch that gives up on a join at `now`: goal Leave (with the leave
+/// deadline), marked so its NodeVersion says JoinTimeout while it goes, and
+/// conditioned on `version`, the PendingNode's version the decision was made on.
+pub fn give_up_patch(version: Option<&str>, now: Timestamp) -> serde_json::Value {
+    let deadline = now
+        .checked_add(SignedDuration::from_secs(LEAVE_DEADLINE_SECS))
+        .unwrap_or(now);
+    json!({
+        "metadata": {
+            "annotations": {JOIN_TIMED_OUT_ANNOTATION: now.to_string()},
+            "resourceVersion": version,
+        },
+        "spec": {"goal": "Leave", "deadline": Time(deadline)},
+    })
+}
 
 /// The PendingNode controller: its PendingNodes, and the Nodes they name.
 pub fn register(manager: &mut Manager, app: &App) {
@@ -321,12 +356,16 @@ impl Reconciler for PendingNodeReconciler {
             deadline_passed,
         );
         let reached = step == PendingStep::ReachedJoin;
+        // The version the decision was made on, or the status write's own.
+        let mut version = pn.resource_version();
         if pn.status.as_ref().map(|s| (s.csp_state, s.reached_goal))
             != Some((Some(csp_state(state)), reached))
         {
             let status = json!({"status": {"cspState": csp_state(state), "reachedGoal": reached}});
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            let written = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                 .await?;
+            version = written.resource_version();
         }
         match step {
             PendingStep::FinishCreate => self.finish_create(&api, &pn).await,
@@ -350,17 +389,13 @@ impl Reconciler for PendingNodeReconciler {
                     return Ok(Action::RequeueAfter(POLL));
                 }
                 tracing::warn!(pending = %name, node = %pn.spec.node_name, "join deadline passed: deleting the instance");
-                self.delete_instance(provider_id).await?;
-                let deadline = Timestamp::now()
-                    .checked_add(SignedDuration::from_secs(LEAVE_DEADLINE_SECS))
-                    .unwrap_or(Timestamp::now());
-                // Marked, so its NodeVersion says JoinTimeout while it goes.
-                let patch = json!({
-                    "metadata": {"annotations": {JOIN_TIMED_OUT_ANNOTATION: Timestamp::now().to_string()}},
-                    "spec": {"goal": "Leave", "deadline": Time(deadline)},
-                });
+                // The goal first, conditioned on the version judged: a
+                // decision that lands late (another leader saw the Node join
+                // meanwhile) is refused, and no instance is deleted for it.
+                let patch = give_up_patch(version.as_deref(), Timestamp::now());
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
+                self.delete_instance(provider_id).await?;
                 Ok(Action::RequeueAfter(POLL))
             }
             PendingStep::Delete => {
@@ -375,11 +410,13 @@ impl Reconciler for PendingNodeReconciler {
                 let donor = node
                     .as_deref()
                     .is_some_and(|n| n.annotations().contains_key(HEIR_ANNOTATION));
-                if node.is_some() && !donor {
+                // The Node as judged (not a donor by then): a delete landing
+                // after another leader paired it is refused.
+                if let Some(n) = node.as_deref().filter(|_| !donor) {
                     let nodes: Api<Node> = Api::all(self.client.clone());
-                    delete_if_present(&nodes, &pn.spec.node_name, &DeleteParams::default()).await?;
+                    delete_if_present(&nodes, &pn.spec.node_name, &same_version(&n.metadata)).await?;
                 }
-                delete_if_present(&api, &name, &DeleteParams::default()).await?;
+                delete_if_present(&api, &name, &same_object(&pn.metadata)).await?;
                 Ok(Action::Done)
             }
         }
@@ -442,24 +479,25 @@ impl PendingNodeReconciler {
         }
     }
 
-    /// Finishes a create the previous leader began: the PendingNode's name is
-    /// the idempotency key, so the cloud returns the instance it made (or
-    /// makes it now), and its phase of the trace ends in the same trace.
+    /// Finishes a create the previous leader began: under the same
+    /// idempotency key ([`request_key`]) the cloud returns the instance it
+    /// made (or makes it now), and its phase of the trace ends in the same trace.
     async fn finish_create(&self, api: &Api<PendingNode>, pn: &PendingNode) -> Result<Action> {
         let name = pn.name_any();
+        let key = request_key(pn)?;
         self.leader.ensure_leader()?;
         let created = self
             .cloud
             .create_node(&CreateNodeRequest {
                 group_id: pn.spec.group_id.clone(),
-                request_id: Some(name.clone()),
+                request_id: Some(key.clone()),
             })
             .await?;
         let accepted = std::time::SystemTime::now();
         if let Some((tp, started)) = trace::from_annotations(pn.metadata.annotations.as_ref()) {
             let started = started.unwrap_or(accepted);
             let group = &pn.spec.group_id;
-            trace_create(&tp, started, accepted, group, &name, &created.provider_id, true);
+            trace_create(&tp, started, accepted, group, &key, &created.provider_id, true);
             trace::flush(TRACE_FLUSH_TIMEOUT).await;
         }
         let patch = created_patch(pn, &created, accepted);
@@ -475,6 +513,47 @@ mod tests {
     use InstanceState::{Creating, Terminated, Terminating};
     use NodeSeen::{Absent, Joined, Ready};
     use PendingNodeGoal::*;
+
+    #[test]
+    fn a_create_is_keyed_by_the_uid_when_its_pending_node_says_so_else_by_its_name() {
+        let spec = crate::api::update::PendingNodeSpec {
+            provider_id: String::new(),
+            group_id: "g".into(),
+            node_name: String::new(),
+            goal: Some(Join),
+            deadline: None,
+        };
+        let mut pn = PendingNode::new("join-1", spec);
+        pn.metadata.uid = Some("0b6d-uid".into());
+        assert_eq!(
+            request_key(&pn).ok(),
+            Some("join-1".into()),
+            "written before, or by hand"
+        );
+        pn.metadata.annotations = Some([(REQUEST_KEY_ANNOTATION.to_string(), "uid".to_string())].into());
+        assert_eq!(request_key(&pn).ok(), Some("0b6d-uid".into()));
+        pn.metadata.uid = None;
+        assert!(
+            matches!(request_key(&pn), Err(Error::InvalidObject { .. })),
+            "no UID to key by"
+        );
+    }
+
+    #[test]
+    fn giving_up_is_conditioned_on_the_version_judged() {
+        let now = Timestamp::from_second(1_000).expect("a time");
+        let patch = give_up_patch(Some("7"), now);
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        assert_eq!(patch["spec"]["goal"], "Leave");
+        assert_eq!(
+            patch["metadata"]["annotations"][JOIN_TIMED_OUT_ANNOTATION],
+            now.to_string()
+        );
+        assert_eq!(
+            patch["spec"]["deadline"],
+            json!(Time(Timestamp::from_second(1_600).expect("a time")))
+        );
+    }
 
     #[test]
     fn a_joining_instance_answer_is_reused_only_while_fresh() {

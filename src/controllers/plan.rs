@@ -1090,13 +1090,12 @@ impl PlanReconciler {
             return Ok(());
         };
         let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
-        let background = background_deletion();
         for job in self.ctx.jobs.list() {
             let ours = job.namespace().as_deref() == Some(ns.as_str())
                 && job.owner_references().iter().any(|o| o.uid == uid);
             if ours {
                 self.ctx.leader.ensure_leader()?;
-                super::delete_if_present(&jobs, &job.name_any(), &background).await?;
+                super::delete_if_present(&jobs, &job.name_any(), &background_deletion(&job)).await?;
             }
         }
         Ok(())
@@ -1107,12 +1106,15 @@ impl PlanReconciler {
     /// unfinished Jobs.
     async fn release(&self, plan: &Plan, node: &str) -> Result<()> {
         let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.ctx.client.clone());
-        super::delete_if_present(
-            &maintenances,
-            &maintenance_name(plan, node),
-            &DeleteParams::default(),
-        )
-        .await?;
+        // The maintenance there now (a fresh list: the role may not get
+        // them), deleted by its UID: a delete landing late, after another
+        // leader began the node's next drain under the same name, is refused
+        // instead of ending that drain.
+        let name = maintenance_name(plan, node);
+        let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+        for m in maintenances.list(&by_name).await?.items {
+            super::delete_if_present(&maintenances, &name, &super::same_object(&m.metadata)).await?;
+        }
         // Written back whole, so read fresh: the cache keeps a trimmed Node.
         let api: Api<Node> = Api::all(self.ctx.client.clone());
         if self.ctx.nodes.get(&ObjectKey::cluster(node)).is_some()
@@ -1123,13 +1125,12 @@ impl PlanReconciler {
         }
         let ns = plan.namespace().unwrap_or_default();
         let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
-        let background = background_deletion();
         for job in self.ctx.jobs.list() {
             let ours = job.namespace().as_deref() == Some(ns.as_str())
                 && job.labels().get(labels::PLAN) == Some(&plan.name_any())
                 && job.labels().get(labels::NODE).map(String::as_str) == Some(node);
             if ours && job_state(&job, node) == JobState::Running {
-                super::delete_if_present(&jobs, &job.name_any(), &background).await?;
+                super::delete_if_present(&jobs, &job.name_any(), &background_deletion(&job)).await?;
             }
         }
         Ok(())
@@ -1137,14 +1138,12 @@ impl PlanReconciler {
 
     /// Writes the status, conditioned on the resourceVersion the plan was
     /// read at: a stale read loses (409) and is retried on fresh state.
-    async fn write_status(&self, plan: &Plan, mut status: PlanStatus) -> Result<()> {
-        status.observed_generation = plan.metadata.generation;
-        if plan.status.as_ref() == Some(&status) {
+    async fn write_status(&self, plan: &Plan, status: PlanStatus) -> Result<()> {
+        let updated = plan_status_write(plan, status);
+        if plan.status == updated.status {
             return Ok(());
         }
         self.ctx.leader.ensure_leader()?;
-        let mut updated = plan.clone();
-        updated.status = Some(status);
         let api: Api<Plan> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
         api.replace_status(&plan.name_any(), &PostParams::default(), &updated)
             .await?;
@@ -1364,6 +1363,17 @@ impl PlanReconciler {
     }
 }
 
+/// What a status write of `plan` sends: the plan as read (so its
+/// resourceVersion, a precondition: a write landing late, after another
+/// leader wrote, is refused with 409) with `status`, observed at the plan's
+/// generation.
+pub fn plan_status_write(plan: &Plan, mut status: PlanStatus) -> Plan {
+    status.observed_generation = plan.metadata.generation;
+    let mut updated = plan.clone();
+    updated.status = Some(status);
+    updated
+}
+
 /// A phase's span name in the node's trace.
 fn phase_span(phase: &str) -> Option<&'static str> {
     Some(match phase {
@@ -1376,11 +1386,13 @@ fn phase_span(phase: &str) -> Option<&'static str> {
     })
 }
 
-/// A Job deleted with its pods (the API's default for Jobs keeps them).
-fn background_deletion() -> DeleteParams {
+/// `job` deleted with its pods (the API's default for Jobs keeps them), and
+/// only `job`: a delete landing late, after a plan of the same name made a
+/// Job of the same name (one per node and hash), is refused.
+fn background_deletion(job: &Job) -> DeleteParams {
     DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
-        ..Default::default()
+        ..super::same_object(&job.metadata)
     }
 }
 
@@ -1401,6 +1413,20 @@ mod tests {
     use super::*;
     use crate::api::plan::PlanSpec;
     use serde_json::json;
+
+    #[test]
+    fn a_status_write_carries_the_version_read_and_the_generation_observed() {
+        let mut plan = Plan::new("p", PlanSpec::default());
+        plan.metadata.resource_version = Some("12".into());
+        plan.metadata.generation = Some(3);
+        plan.status = Some(PlanStatus::default());
+        let written = plan_status_write(&plan, PlanStatus::default());
+        assert_eq!(written.metadata.resource_version.as_deref(), Some("12"));
+        assert_eq!(
+            written.status.as_ref().and_then(|s| s.observed_generation),
+            Some(3)
+        );
+    }
 
     #[test]
     fn a_drain_past_its_timeout_fails_while_it_goes_on() {

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -329,13 +329,10 @@ impl SipReconciler {
         let mut claimed: Vec<(String, String)> = Vec::new();
         for (p, role) in plan.roles.iter().zip(ROLES) {
             for (host, state) in &p.claim {
-                let patch = json!({
-                    labels::CLUSTER_NAMESPACE: ns,
-                    labels::CLUSTER_NAME: name,
-                    labels::NODE_TYPE: role,
-                    labels::STATE: state.as_str(),
-                });
-                match self.patch_host(host, None, patch).await {
+                match self
+                    .patch_host(host, None, claim_labels(&ours, role, *state))
+                    .await
+                {
                     Ok(version) => claimed.push((host.clone(), version)),
                     Err(e) => {
                         // Someone changed the host first (another cluster's
@@ -388,7 +385,7 @@ impl SipReconciler {
         self.ctx.leader.ensure_leader()?;
         let api: Api<BareMetalHost> =
             Api::namespaced(self.ctx.client.clone(), &current.namespace().unwrap_or_default());
-        let patch = json!({"metadata": {"labels": labels, "resourceVersion": current.resource_version()}});
+        let patch = host_patch(labels, current.resource_version().as_deref());
         let written = api
             .patch(
                 &current.name_any(),
@@ -409,7 +406,7 @@ impl SipReconciler {
         self.ctx.leader.ensure_leader()?;
         let api: Api<BareMetalHost> =
             Api::namespaced(self.ctx.client.clone(), &current.namespace().unwrap_or_default());
-        let patch = json!({"metadata": {"labels": release_labels(), "resourceVersion": version}});
+        let patch = host_patch(release_labels(), Some(version));
         api.patch(
             &current.name_any(),
             &PatchParams::default(),
@@ -576,7 +573,9 @@ impl SipReconciler {
         Ok(())
     }
 
-    /// Deletes the objects `lp` lists that `unwanted` picks.
+    /// Deletes the objects `lp` lists that `unwanted` picks, each by its
+    /// UID: a delete landing late, after the name was given to a new object
+    /// (the service asked for again), is refused.
     async fn delete_listed<K>(
         &self,
         api: &Api<K>,
@@ -588,7 +587,7 @@ impl SipReconciler {
     {
         for o in api.list(lp).await?.items.iter().filter(|o| unwanted(o.meta())) {
             self.ctx.leader.ensure_leader()?;
-            super::delete_if_present(api, &o.name_any(), &DeleteParams::default()).await?;
+            super::delete_if_present(api, &o.name_any(), &super::same_object(o.meta())).await?;
         }
         Ok(())
     }
@@ -808,8 +807,28 @@ struct Times {
     done: SystemTime,
 }
 
+/// The labels that claim a host for the SIPCluster `cluster`, as a `role`
+/// host in `state`.
+pub fn claim_labels(cluster: &Key<SIPCluster>, role: &str, state: HostState) -> serde_json::Value {
+    let key = cluster.untyped();
+    json!({
+        labels::CLUSTER_NAMESPACE: key.namespace.as_deref().unwrap_or_default(),
+        labels::CLUSTER_NAME: key.name,
+        labels::NODE_TYPE: role,
+        labels::STATE: state.as_str(),
+    })
+}
+
+/// The merge patch that writes `labels` onto a host, conditioned on
+/// `version`, the host's resourceVersion as judged: two clusters or two
+/// leaders never both claim one host, and a claim or release landing late,
+/// after the host changed, is refused (409).
+pub fn host_patch(labels: serde_json::Value, version: Option<&str>) -> serde_json::Value {
+    json!({"metadata": {"labels": labels, "resourceVersion": version}})
+}
+
 /// The merge patch that removes every claim label.
-fn release_labels() -> serde_json::Value {
+pub fn release_labels() -> serde_json::Value {
     json!({
         labels::CLUSTER_NAMESPACE: null,
         labels::CLUSTER_NAME: null,
@@ -921,6 +940,20 @@ fn status_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_names_the_cluster_and_is_written_on_the_version_judged() {
+        let cluster = Key::<SIPCluster>::new(Some("ns"), "c");
+        let patch = host_patch(claim_labels(&cluster, "worker", HostState::Standby), Some("9"));
+        assert_eq!(patch["metadata"]["resourceVersion"], "9");
+        let labels = &patch["metadata"]["labels"];
+        assert_eq!(labels[labels::CLUSTER_NAMESPACE], "ns");
+        assert_eq!(labels[labels::CLUSTER_NAME], "c");
+        assert_eq!(labels[labels::NODE_TYPE], "worker");
+        assert_eq!(labels[labels::STATE], "standby");
+        let released = host_patch(release_labels(), Some("10"));
+        assert!(released["metadata"]["labels"][labels::CLUSTER_NAME].is_null());
+    }
 
     fn host(cluster: Option<(&str, &str)>) -> BareMetalHost {
         let mut labels = serde_json::Map::new();

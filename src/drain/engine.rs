@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, DeleteParams, EvictParams};
+use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -590,7 +590,11 @@ impl DrainRun {
                 }
                 let r = reference(&pod);
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
-                let result = api.evict(&r.name, &EvictParams::default()).await.map(|_| ());
+                let params = EvictParams {
+                    delete_options: Some(only(&pod)),
+                    ..Default::default()
+                };
+                let result = api.evict(&r.name, &params).await.map(|_| ());
                 (pod, result)
             })
             .buffer_unordered(EVICTION_CONCURRENCY)
@@ -603,7 +607,9 @@ impl DrainRun {
             let name = format!("{}/{}", r.namespace, r.name);
             match result {
                 Ok(()) => events.push(("evicted", name)),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // Gone, or (409) the name is another pod's now: the next look
+                // sees the store without this one.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                 // 429: a PodDisruptionBudget allows no disruption right now.
                 Err(kube::Error::Api(s)) if s.code == 429 => {
                     events.push(("eviction refused", name));
@@ -639,12 +645,12 @@ impl DrainRun {
             }
             let r = reference(pod);
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
-            match api.delete(&r.name, &DeleteParams::default()).await {
+            match api.delete(&r.name, &only(pod)).await {
                 Ok(_) => {
                     round.forced += 1;
                     self.record(vec![("deleted", format!("{}/{}", r.namespace, r.name))]);
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                 Err(e) => round
                     .errors
                     .push(format!("deleting {}/{}: {e}", r.namespace, r.name)),
@@ -674,5 +680,18 @@ impl DrainRun {
                 }
             })
             .collect()
+    }
+}
+
+/// Deletes (or evicts) this pod only, not one made since under its name (a
+/// StatefulSet's, bound elsewhere): its UID as precondition. An eviction or
+/// delete that lands late, after the name went to a new pod, answers 409.
+fn only(pod: &Pod) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
     }
 }

@@ -15,12 +15,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use kube::Client;
 use kube::client::Body;
+use nodewarden::runtime::error::Category;
+use nodewarden::runtime::fence::fenced;
+use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector, LeaderHandle};
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::proxy::TcpProxy;
 
 /// A request held by the link, and where its sender waits for the answer.
 type Held = (
@@ -151,5 +158,134 @@ impl tower::Service<Request<Body>> for HoldingLink {
                 Err(_) => Err("the holding link was dropped with the request".into()),
             }
         })
+    }
+}
+
+/// The election's timings in these tests: short, so a lapsed term ends soon.
+const LEASE: Duration = Duration::from_secs(3);
+const RENEW_DEADLINE: Duration = Duration::from_secs(2);
+const RETRY: Duration = Duration::from_millis(500);
+
+fn election(namespace: &str, identity: &str) -> LeaderElectionConfig {
+    LeaderElectionConfig {
+        namespace: namespace.to_owned(),
+        lease_name: "nodewarden-late-writes".to_owned(),
+        identity: identity.to_owned(),
+        lease_duration: LEASE,
+        renew_deadline: RENEW_DEADLINE,
+        retry_period: RETRY,
+    }
+}
+
+async fn lead(
+    client: Client,
+    namespace: &str,
+    identity: &str,
+) -> (LeaderHandle, tokio::task::JoinHandle<()>) {
+    let elector = LeaderElector::new(client, election(namespace, identity)).expect("a valid election config");
+    let handle = elector.handle();
+    let task = tokio::spawn(elector.run(CancellationToken::new()));
+    let mut leading = handle.subscribe();
+    let within = Duration::from_secs(20);
+    let led = tokio::time::timeout(within, leading.wait_for(|l| *l)).await;
+    assert!(
+        matches!(led, Ok(Ok(_))),
+        "{identity} did not lead within {within:?}"
+    );
+    (handle, task)
+}
+
+/// A leader about to be cut off: its election runs through a TCP proxy, its
+/// fenced writes through a holding link. `stall` stops both: the election
+/// cannot renew, and the writes made from then on wait in the link, to be
+/// delivered after a successor acted.
+pub struct FadingLeader {
+    proxy: TcpProxy,
+    link: HoldingLink,
+    handle: LeaderHandle,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FadingLeader {
+    /// Leads the election of `namespace` as `identity`.
+    pub async fn start(namespace: &str, identity: &str) -> Self {
+        let cp = super::control_plane();
+        let proxy = TcpProxy::start(cp.apiserver_addr()).await;
+        let (handle, task) = lead(cp.client_via(&proxy).await, namespace, identity).await;
+        FadingLeader {
+            proxy,
+            link: HoldingLink::new(cp.client().await),
+            handle,
+            task,
+        }
+    }
+
+    /// The controllers' client of this replica: fenced, over the link.
+    pub fn client(&self) -> Client {
+        fenced(self.link.client(), self.handle.clone())
+    }
+
+    /// Cuts the leader off: nothing it sends reaches the API server now.
+    pub fn stall(&self) {
+        self.proxy.stall();
+        self.link.hold();
+    }
+
+    /// Makes `write` (through [`client`](Self::client)) while stalled, and
+    /// checks what the fence does: abandons it when the term lapses, the
+    /// write still on its way. Returns once the term is over.
+    pub async fn write_abandoned<T: std::fmt::Debug>(
+        &self,
+        what: &str,
+        write: impl Future<Output = Result<T, kube::Error>>,
+    ) {
+        self.stall();
+        let held_before = self.link.held();
+        let answer = write.await;
+        let category = answer.map_err(|e| nodewarden::error::Error::from(e).category());
+        assert!(
+            matches!(category, Err(Category::NotLeader)),
+            "{what}: the stuck write is abandoned when the term lapses, got {category:?}"
+        );
+        assert!(!self.handle.is_leader(), "{what}: the term lapsed");
+        assert_eq!(
+            self.link.held(),
+            held_before + 1,
+            "{what}: the write is on its way"
+        );
+    }
+
+    /// Lets everything through again and delivers the held writes.
+    pub async fn deliver_late(self) -> Vec<LateAnswer> {
+        self.proxy.restore();
+        let answers = self.link.deliver().await;
+        self.task.abort();
+        answers
+    }
+}
+
+/// The replica that takes over once the fading leader's lease expired: its
+/// fenced client, straight to the API server.
+pub async fn successor(namespace: &str, identity: &str) -> (Client, tokio::task::JoinHandle<()>) {
+    let cp = super::control_plane();
+    let (handle, task) = lead(cp.client().await, namespace, identity).await;
+    (fenced(cp.client().await, handle), task)
+}
+
+/// Checks that each late write was answered 409 Conflict: refused by its
+/// precondition.
+pub fn assert_refused(what: &str, answers: &[LateAnswer], count: usize) {
+    assert_eq!(
+        answers.len(),
+        count,
+        "{what}: late writes delivered: {answers:#?}"
+    );
+    for a in answers {
+        assert_eq!(
+            a.status,
+            StatusCode::CONFLICT,
+            "{what}: a late write lands refused by its precondition: {}",
+            a.describe()
+        );
     }
 }

@@ -234,7 +234,10 @@ async fn in_flight_now(
             .collect(),
         None => Default::default(),
     };
-    let node_of = |p: &PendingNode| match (p.spec.node_name.as_str(), made_for.get(&p.name_any())) {
+    // The cloud knows a create by its request key (the PendingNode's UID).
+    let p_key = |p: &PendingNode| nodewarden::controllers::pending_node::request_key(p).ok();
+    let node_of = |p: &PendingNode| match (p.spec.node_name.as_str(), p_key(p).and_then(|k| made_for.get(&k)))
+    {
         ("", Some(made)) => made.clone(),
         (name, _) => name.to_string(),
     };
