@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use nodewarden::admission::limits;
 use nodewarden::cloud::metered::Ration;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::controllers::plan::PlanConfig;
@@ -165,6 +166,20 @@ struct RunArgs {
     /// The ValidatingWebhookConfiguration whose caBundle nodewarden keeps current.
     #[arg(long, default_value = "nodewarden")]
     webhook_configuration: String,
+    /// How long a webhook client may take to finish its TLS handshake (seconds).
+    #[arg(long, env = "NODEWARDEN_WEBHOOK_HANDSHAKE_TIMEOUT", default_value_t = limits::HANDSHAKE_TIMEOUT.as_secs_f64())]
+    webhook_handshake_timeout: f64,
+    /// How long one webhook review may take, from its body to the answer
+    /// (seconds; kube-apiserver waits 30 at most).
+    #[arg(long, env = "NODEWARDEN_WEBHOOK_REQUEST_TIMEOUT", default_value_t = limits::REQUEST_TIMEOUT.as_secs_f64())]
+    webhook_request_timeout: f64,
+    /// Webhook connections at once; past it a new one is closed at once.
+    #[arg(long, env = "NODEWARDEN_WEBHOOK_MAX_CONNECTIONS", default_value_t = limits::MAX_CONNECTIONS)]
+    webhook_max_connections: usize,
+    /// Webhook reviews at once (each may hold a body of up to 7 MiB); past
+    /// it the answer is 429 with Retry-After: 1.
+    #[arg(long, env = "NODEWARDEN_WEBHOOK_MAX_IN_FLIGHT", default_value_t = limits::MAX_IN_FLIGHT)]
+    webhook_max_in_flight: usize,
     /// Path of a kubeconfig (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -260,6 +275,22 @@ fn seconds(s: f64, flag: &str) -> anyhow::Result<Duration> {
         .with_context(|| format!("--{flag} must be a non-negative number of seconds"))
 }
 
+/// The webhook's limits: production's, with the flags' values.
+fn webhook_limits(args: &RunArgs) -> anyhow::Result<limits::Limits> {
+    anyhow::ensure!(
+        args.webhook_max_connections > 0 && args.webhook_max_in_flight > 0,
+        "--webhook-max-connections and --webhook-max-in-flight must be positive"
+    );
+    let mut l = limits::Limits {
+        handshake_timeout: seconds(args.webhook_handshake_timeout, "webhook-handshake-timeout")?,
+        request_timeout: seconds(args.webhook_request_timeout, "webhook-request-timeout")?,
+        max_in_flight: args.webhook_max_in_flight,
+        ..Default::default()
+    };
+    l.conn.max_connections = args.webhook_max_connections;
+    Ok(l)
+}
+
 async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
     let cloud = cloud(&args).await?;
     let admission = args.webhook_addr.map(|addr| {
@@ -272,6 +303,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         }
         a
     });
+    let webhook_limits = webhook_limits(&args)?;
     let mut leader = LeaderElectionConfig::new(args.lease_namespace, args.lease_name, identity);
     leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
     leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
@@ -292,6 +324,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             .context("--cloud-qps and --cloud-burst must be positive")?,
         discover_scaling_groups: args.discover_scaling_groups,
         admission,
+        webhook_limits,
         bare_metal: match args.sip.as_str() {
             "on" => Some(true),
             "off" => Some(false),

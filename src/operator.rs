@@ -50,6 +50,9 @@ pub struct OperatorConfig {
     pub bare_metal: Option<bool>,
     /// Serve the validating admission webhook (every replica); None: off.
     pub admission: Option<crate::admission::AdmissionConfig>,
+    /// What any client of the webhook is held to (body size, timeouts,
+    /// connections and reviews at once).
+    pub webhook_limits: crate::admission::Limits,
 }
 
 /// Why the operator could not start.
@@ -99,13 +102,18 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
         scaling_group::register_discovery(&mut manager, &app, node_version);
     }
     if let Some(admission) = config.admission.clone() {
-        register_admission(&mut manager, admission);
+        register_admission(&mut manager, admission, config.webhook_limits, metrics.clone());
     }
     Ok(manager)
 }
 
 /// The webhook on every replica: its server and its certificate keeper.
-fn register_admission(manager: &mut Manager, config: crate::admission::AdmissionConfig) {
+fn register_admission(
+    manager: &mut Manager,
+    config: crate::admission::AdmissionConfig,
+    limits: crate::admission::Limits,
+    metrics: Metrics,
+) {
     use crate::admission::server;
     let resolver = Arc::new(server::CertResolver::default());
     // Every replica may create the Secret (the first create wins); the
@@ -126,7 +134,7 @@ fn register_admission(manager: &mut Manager, config: crate::admission::Admission
     }));
     let client = manager.client().clone();
     manager.add_task(Box::new(move |_, stop| {
-        Box::pin(server::serve(client, config, resolver, stop))
+        Box::pin(server::serve(client, config, limits, metrics, resolver, stop))
     }));
 }
 

@@ -7,12 +7,17 @@
 //! - [`certs`]: the CA and serving certificate nodewarden makes for itself.
 //! - [`server`]: the HTTPS endpoint, what it reads to decide, and the task
 //!   that keeps the certificates (and the configuration's caBundle) current.
+//! - [`review`]: the AdmissionReview as far as the rules read it, and the answer.
+//! - [`limits`]: what any client that reaches the webhook may take of a
+//!   replica (body size, time, connections and reviews at once).
 //!
 //! Reads are live (GET/LIST at the API server), not from the caches: two
 //! NodeMaintenances created a moment apart must see each other, and
 //! admission is rare enough for that to cost nothing.
 
 pub mod certs;
+pub mod limits;
+pub mod review;
 pub mod rules;
 pub mod server;
 
@@ -20,6 +25,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub use certs::ServingNames;
+pub use limits::Limits;
 
 /// Who makes the webhook's certificates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -278,6 +278,16 @@ async fn set_faults(sim: &SimStore, body: Incoming) -> Result<Answer, Answer> {
     Ok(Answer::json(StatusCode::OK, &faults))
 }
 
+/// The sim-cloud's connections: every replica's cloud client, the test
+/// harness and the demo. Idle connections are kept longer than hyper's
+/// client keeps them in its pool (90 s), so a client never sends on a
+/// connection the server is closing.
+const SIM_CLOUD_LIMITS: crate::http::ConnLimits = crate::http::ConnLimits {
+    max_connections: 1024,
+    header_read_timeout: std::time::Duration::from_secs(120),
+    ..crate::http::ConnLimits::ENDPOINTS
+};
+
 /// Binds `addr`; returns the bound address (port 0 picks one) and the
 /// future that serves until `shutdown`.
 pub async fn bind(
@@ -285,7 +295,7 @@ pub async fn bind(
     sim: Arc<SimStore>,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, impl Future<Output = ()>)> {
-    crate::http::bind_with(addr, shutdown, move |req| {
+    crate::http::bind_with(addr, SIM_CLOUD_LIMITS, shutdown, move |req| {
         let sim = sim.clone();
         async move { handle(sim, req).await.into_response() }
     })

@@ -46,6 +46,7 @@ label_value_from_as_str!(
     PlanNodeState,
     JobResult,
     PlanFailure,
+    WebhookRefusal,
 );
 
 /// A node's state in a rollout, the `state` label of `nodes`.
@@ -203,6 +204,67 @@ impl PlanFailure {
             PlanFailure::JobFailed => "JobFailed",
         }
     }
+}
+
+/// Why the admission webhook refused a connection or a request, the `reason`
+/// label of `webhook_requests_refused`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum WebhookRefusal {
+    /// A body over the limit, declared or read (413).
+    BodyTooLarge,
+    /// A body that is no AdmissionReview, or could not be read (400).
+    BadRequest,
+    /// A connection past the cap, closed at once.
+    TooManyConnections,
+    /// A review past the cap of reviews at once (429).
+    TooManyRequests,
+    /// A connection whose TLS handshake did not finish in time.
+    HandshakeTimeout,
+    /// A connection that sent no complete request head in time.
+    HeaderTimeout,
+    /// A body that did not arrive in time (408).
+    BodyTimeout,
+    /// A review that took longer than the whole request may (503).
+    RequestTimeout,
+    /// A client that did not read its answer in time.
+    WriteTimeout,
+}
+
+impl WebhookRefusal {
+    /// Every reason, in the order the metric's series are made.
+    pub const ALL: [WebhookRefusal; 9] = [
+        WebhookRefusal::BodyTooLarge,
+        WebhookRefusal::BadRequest,
+        WebhookRefusal::TooManyConnections,
+        WebhookRefusal::TooManyRequests,
+        WebhookRefusal::HandshakeTimeout,
+        WebhookRefusal::HeaderTimeout,
+        WebhookRefusal::BodyTimeout,
+        WebhookRefusal::RequestTimeout,
+        WebhookRefusal::WriteTimeout,
+    ];
+
+    /// The label text, e.g. `body_too_large`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebhookRefusal::BodyTooLarge => "body_too_large",
+            WebhookRefusal::BadRequest => "bad_request",
+            WebhookRefusal::TooManyConnections => "too_many_connections",
+            WebhookRefusal::TooManyRequests => "too_many_requests",
+            WebhookRefusal::HandshakeTimeout => "handshake_timeout",
+            WebhookRefusal::HeaderTimeout => "header_timeout",
+            WebhookRefusal::BodyTimeout => "body_timeout",
+            WebhookRefusal::RequestTimeout => "request_timeout",
+            WebhookRefusal::WriteTimeout => "write_timeout",
+        }
+    }
+}
+
+/// Label set of `webhook_requests_refused`: why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// Why the webhook refused.
+    pub reason: WebhookRefusal,
 }
 
 /// Label set of `sip_hosts`: the SIPCluster, a role and a state.
@@ -493,6 +555,8 @@ pub struct Metrics {
     pub sip_hosts: Family<SipHostLabels, Gauge>,
     /// Failed active hosts replaced, by SIPCluster and role.
     pub sip_host_replacements: Family<SipRoleLabels, Counter>,
+    /// Connections and requests the admission webhook refused, by reason.
+    pub webhook_refusals: Family<RefusalLabels, Counter>,
     /// Every reflector's counters, read at each scrape.
     reflectors: Reflectors,
 }
@@ -516,6 +580,7 @@ impl Metrics {
         metrics.register_cloud(&mut registry);
         metrics.register_plan(&mut registry);
         metrics.register_sip(&mut registry);
+        metrics.register_webhook(&mut registry);
         registry.register_collector(Box::new(metrics.reflectors.clone()));
         Metrics {
             registry: Arc::new(registry),
@@ -547,6 +612,7 @@ impl Metrics {
             plan_failures: Family::default(),
             sip_hosts: Family::default(),
             sip_host_replacements: Family::default(),
+            webhook_refusals: Family::default(),
             reflectors: Reflectors::default(),
         }
     }
@@ -663,6 +729,30 @@ impl Metrics {
             "Failed active hosts of a SIPCluster replaced (by a standby or a free host)",
             self.sip_host_replacements.clone(),
         );
+    }
+
+    /// The admission webhook.
+    fn register_webhook(&self, registry: &mut Registry) {
+        registry.register(
+            "webhook_requests_refused",
+            "Connections and requests the admission webhook refused or cut off, by reason",
+            self.webhook_refusals.clone(),
+        );
+    }
+
+    /// Every refusal reason's series, at zero: a replica serving the webhook
+    /// exports them from the start, so a rate or an alert sees the first one.
+    pub fn webhook_serving(&self) {
+        for reason in WebhookRefusal::ALL {
+            drop(self.webhook_refusals.get_or_create(&RefusalLabels { reason }));
+        }
+    }
+
+    /// Counts one refusal of the webhook.
+    pub fn count_webhook_refusal(&self, reason: WebhookRefusal) {
+        self.webhook_refusals
+            .get_or_create(&RefusalLabels { reason })
+            .inc();
     }
 
     /// Sets a SIPCluster's host counts of one role.
@@ -942,6 +1032,8 @@ mod tests {
                 reason: PlanFailure::DrainFailed,
             })
             .inc();
+        m.webhook_serving();
+        m.count_webhook_refusal(WebhookRefusal::BodyTooLarge);
         let text = m.encode();
         for line in [
             r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="upgraded"} 0"#,
@@ -957,6 +1049,9 @@ mod tests {
             r#"nodewarden_drain_duration_seconds_count{result="failed"} 1"#,
             r#"nodewarden_reconcile_errors_total{controller="c",category="KubeApiError"} 1"#,
             r#"nodewarden_cloud_errors_total{provider="p",operation="set_group_image",category="invalid_provider_id"} 1"#,
+            r#"nodewarden_webhook_requests_refused_total{reason="body_too_large"} 1"#,
+            r#"nodewarden_webhook_requests_refused_total{reason="too_many_connections"} 0"#,
+            r#"nodewarden_webhook_requests_refused_total{reason="handshake_timeout"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }

@@ -77,6 +77,7 @@ impl TestEnv {
             cloud_ration: Default::default(),
             discover_scaling_groups: None,
             admission: None,
+            webhook_limits: Default::default(),
             // Every test's operator serves SIPClusters: install_crds installs metal3's API.
             bare_metal: Some(true),
             plans: nodewarden::controllers::plan::PlanConfig {
