@@ -897,3 +897,142 @@ async fn progress_follows_nodes_joining_leaving_upgraded_and_deleted() {
     operator.stop().await;
     env.cleanup().await;
 }
+
+/// Seed 003's Plan, hashed by the System Upgrade Controller v0.20.1 (see
+/// `upstream_hashes` in src/upgrade/hash.rs for how the value was had).
+const SUC_SEED_HASH: &str = "867d9ef93211def3a0eb54ef368e8d3d130444f08a835c02a06a9358";
+
+/// A cluster the System Upgrade Controller upgraded: two nodes carry its
+/// hash label for seed 003's Plan, and on a third its Job still runs (with
+/// `status.applying` naming it, as SUC leaves them). nodewarden takes over
+/// without touching the upgraded nodes and without a second Job.
+#[tokio::test]
+async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
+    let env = TestEnv::new("plan-takeover").await;
+    support::install_crds(&env.client).await;
+    let label = "plan.upgrade.cattle.io/k3os-latest";
+    let done = env
+        .create_kwok_nodes(2, &[(label, SUC_SEED_HASH), ("k3os.io/mode", "local")])
+        .await;
+    let running = env
+        .create_kwok_nodes(1, &[(label, ""), ("k3os.io/mode", "local")])
+        .await;
+    let busy = running[0].clone();
+    // Its Job's pod stays Pending until the test lifts this taint.
+    set_taint(&env, &busy, hold()).await;
+    let seed = json!({
+        "concurrency": 1,
+        "channel": "https://github.com/rancher/k3os/releases/latest",
+        "version": "v0.9.0-dev",
+        "nodeSelector": {"matchExpressions": [
+            {"key": label, "operator": "Exists"},
+            {"key": "k3os.io/mode", "operator": "NotIn", "values": ["live"]},
+        ]},
+        "drain": {"force": true},
+        "upgrade": {"image": "rancher/k3os", "command": ["k3os", "--debug"], "args": ["upgrade"]},
+    });
+    create_plan(&env, "k3os-latest", json!({}), seed)
+        .await
+        .expect("creating the plan");
+    // What SUC's status handler and generating handler wrote.
+    plans(&env, &env.namespace)
+        .patch_status(
+            "k3os-latest",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {
+                "latestVersion": "v0.9.0-dev", "latestHash": SUC_SEED_HASH, "applying": [busy],
+            }})),
+        )
+        .await
+        .expect("writing SUC's status");
+    // SUC's Job, as it names and labels it.
+    let job_name =
+        nodewarden::upgrade::safe_concat_name(&["apply", "k3os-latest", "on", &busy, "with", SUC_SEED_HASH]);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": job_name, "labels": {
+            "upgrade.cattle.io/controller": "system-upgrade-controller",
+            "upgrade.cattle.io/plan": "k3os-latest",
+            "upgrade.cattle.io/node": busy,
+            "upgrade.cattle.io/version": "v0.9.0-dev",
+            label: SUC_SEED_HASH,
+            // The test operator's scope (a real one sees every Job).
+            RUN_LABEL: env.id,
+        }},
+        "spec": {"backoffLimit": 2, "template": {
+            "metadata": {"labels": {"upgrade.cattle.io/plan": "k3os-latest", "upgrade.cattle.io/node": busy}},
+            "spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": {"kubernetes.io/hostname": busy},
+                "containers": [{"name": "upgrade", "image": "rancher/k3os:v0.9.0-dev"}],
+            },
+        }},
+    }))
+    .expect("a job");
+    Api::<Job>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("creating SUC's job");
+
+    let operator = env.start_operator(Default::default()).await;
+    // nodewarden's own hash is upstream's.
+    wait_for("nodewarden's status on the plan", TIMEOUT, || async {
+        match plans(&env, &env.namespace).get("k3os-latest").await {
+            Ok(p) => {
+                let s = p.status.unwrap_or_default();
+                let mine = s.observed_generation.is_some() && s.latest_hash.as_deref() == Some(SUC_SEED_HASH);
+                match mine && s.progress.as_deref() == Some("2/3") {
+                    true => Probe::Done(()),
+                    false => Probe::NotYet(format!("{s:?}")),
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let untouched =
+        |n: &Node| !cordoned(n) && n.labels().get(label).map(String::as_str) == Some(SUC_SEED_HASH);
+    for n in &done {
+        assert!(untouched(&node(&env, n).await), "{n} is left alone");
+        assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");
+    }
+    assert!(
+        !cordoned(&node(&env, &busy).await),
+        "SUC's running Job is waited for, not drained around"
+    );
+    assert_eq!(jobs_on(&env, &busy).await.len(), 1, "SUC's Job is not duplicated");
+    let maintenances = env
+        .client
+        .request::<Value>(
+            http::Request::get("/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances")
+                .body(Vec::new())
+                .expect("a request"),
+        )
+        .await
+        .expect("listing NodeMaintenances");
+    let mine: Vec<&Value> = maintenances["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| {
+            m["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains(&env.namespace))
+        })
+        .collect();
+    assert!(mine.is_empty(), "nothing is drained: {mine:?}");
+
+    // SUC's Job finishes: nodewarden labels its node and the plan completes.
+    set_taint(&env, &busy, json!(null)).await;
+    let all: Vec<String> = done.iter().chain(running.iter()).cloned().collect();
+    let hash = wait_upgraded(&env, &env.namespace, "k3os-latest", &all, TIMEOUT).await;
+    assert_eq!(hash, SUC_SEED_HASH);
+    wait_condition_in(&env, &env.namespace, "k3os-latest", "Complete", "True").await;
+    assert_eq!(jobs_on(&env, &busy).await.len(), 1, "still the one Job");
+    for n in &done {
+        assert!(untouched(&node(&env, n).await), "{n} is left alone");
+        assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");
+    }
+    delete_plan_and_wait(&env, &env.namespace, "k3os-latest").await;
+    operator.stop().await;
+    env.cleanup().await;
+}

@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use jiff::Timestamp;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -252,7 +251,11 @@ impl Reconciler for PlanReconciler {
             self.write_status(&plan, status).await?;
             return Ok(Action::RequeueAfter(self.ctx.config.recheck));
         };
-        let hash = hash::plan_hash(&version, &plan.spec, &secrets);
+        // Upstream hashes the Plan as stored; an object that cannot be JSON
+        // has no digest fields (serializing plain data cannot fail).
+        let as_json = serde_json::to_value(&*plan).unwrap_or_default();
+        let account = plan.spec.service_account_name.as_deref().unwrap_or("");
+        let hash = hash::plan_hash(&version, account, &as_json, &secrets);
         status.latest_version = Some(version.clone());
         status.latest_hash = Some(hash.clone());
         let target = Target {
@@ -847,8 +850,8 @@ fn next_look(plan: &Plan, status: &PlanStatus, kept: &[&Applying], now: Timestam
     wait
 }
 
-/// Secret name → its data, for the hash.
-type SecretData = BTreeMap<String, BTreeMap<String, ByteString>>;
+/// kubectl's hash of each Secret in the hash, in `spec.secrets` order.
+type SecretData = Vec<String>;
 
 impl PlanReconciler {
     /// What admission could not check: the window's time zone, the
@@ -876,7 +879,7 @@ impl PlanReconciler {
         for name in hash::hashed_secrets(spec) {
             match api.get_opt(name).await {
                 Ok(Some(s)) => {
-                    secrets.insert(name.to_string(), s.data.unwrap_or_default());
+                    secrets.push(hash::secret_hash(&s));
                 }
                 Ok(None) => {
                     return Err(format!(
