@@ -381,7 +381,7 @@ async fn a_changed_secret_reruns_the_plan_unless_its_updates_are_ignored() {
     let operator = env.start_operator(Default::default()).await;
     for (plan, secret, ignore) in [("watched", "watched", false), ("ignored", "ignored", true)] {
         let spec = json!({
-            "version": "v1",
+            "version": "v1", "concurrency": 1,
             "nodeSelector": {"matchLabels": {"secret": plan}},
             "secrets": [{"name": secret, "path": "/run/secret", "ignoreUpdates": ignore}],
             "upgrade": upgrade("example.invalid/upgrade"),
@@ -597,7 +597,7 @@ async fn a_window_starts_nodes_only_inside_it_and_never_interrupts_a_running_job
     let nodes = env.create_kwok_nodes(2, &[("windowed", "yes")]).await;
     let operator = env.start_operator(Default::default()).await;
     let spec = json!({
-        "version": "v2",
+        "version": "v2", "concurrency": 1,
         "nodeSelector": {"matchLabels": {"windowed": "yes"}},
         "window": window(3, 4),
         "upgrade": upgrade("example.invalid/upgrade"),
@@ -754,7 +754,7 @@ async fn a_node_leaving_the_selector_mid_way_is_released_and_its_job_deleted() {
     set_taint(&env, n, hold()).await;
     let operator = env.start_operator(Default::default()).await;
     let spec = json!({
-        "version": "v2", "cordon": true,
+        "version": "v2", "cordon": true, "concurrency": 1,
         "nodeSelector": {"matchLabels": {"leaving": "yes"}},
         "upgrade": upgrade("example.invalid/upgrade"),
     });
@@ -1033,6 +1033,37 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
         assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");
     }
     delete_plan_and_wait(&env, &env.namespace, "k3os-latest").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// Upstream's `concurrency` defaults to 0, which selects no node: a Plan
+/// without it starts nothing, and nodewarden's condition says why.
+#[tokio::test]
+async fn a_plan_without_concurrency_starts_nothing_and_says_why() {
+    let env = TestEnv::new("plan-noconc").await;
+    let nodes = env.create_kwok_nodes(2, &[("noconc", "yes")]).await;
+    let operator = env.start_operator(Default::default()).await;
+    let spec = json!({
+        "version": "v2", "cordon": true,
+        "nodeSelector": {"matchLabels": {"noconc": "yes"}},
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    create_plan(&env, "idle", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    let message = wait_condition(&env, "idle", "Complete", "False", "Waiting").await;
+    assert!(message.contains("concurrency"), "{message}");
+    let p = plans(&env, &env.namespace).get("idle").await.expect("the plan");
+    assert!(p.status.expect("a status").applying.is_empty());
+    for n in &nodes {
+        assert!(!cordoned(&node(&env, n).await), "{n} untouched");
+        assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");
+    }
+    // Setting it starts the plan.
+    patch_plan(&env, "idle", json!({"concurrency": 2})).await;
+    wait_upgraded(&env, &env.namespace, "idle", &nodes, TIMEOUT).await;
+    delete_plan_and_wait(&env, &env.namespace, "idle").await;
     operator.stop().await;
     env.cleanup().await;
 }

@@ -72,7 +72,7 @@ const DURATION: &str = "^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$";
 #[x_kube(validation = kube::core::Rule::new("(has(self.version) && self.version != '') || (has(self.channel) && self.channel != '')").message("cannot resolve plan: missing channel and version"))]
 #[serde(rename_all = "camelCase")]
 pub struct PlanSpec {
-    /// The most nodes applying this plan at once (0 pauses the plan).
+    /// The most nodes applying this plan at once (unset or 0: none starts, as upstream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0").message("spec.concurrency must not be negative"))]
     pub concurrency: Option<i64>,

@@ -383,12 +383,16 @@ impl PlanReconciler {
         let holder = self.exclusive_holder(plan);
         let delay_until = delay_until(plan, status);
         let blocked = schedule::start_blocked(failed, window_open, holder.as_deref(), delay_until, now);
-        let concurrency = plan.spec.concurrency.unwrap_or(1).max(0) as usize;
+        // Upstream's default is 0, which selects no node (it says nothing; we do).
+        let concurrency = plan.spec.concurrency.unwrap_or(0).max(0) as usize;
         if blocked.is_some() {
             return (Vec::new(), blocked);
         }
         if concurrency == 0 {
-            return (Vec::new(), Some("concurrency is 0: the plan is paused".into()));
+            return (
+                Vec::new(),
+                Some("spec.concurrency is unset or 0: no node starts until it is set".into()),
+            );
         }
         if kept.len() >= concurrency {
             return (Vec::new(), None);
