@@ -1067,3 +1067,141 @@ async fn a_plan_without_concurrency_starts_nothing_and_says_why() {
     operator.stop().await;
     env.cleanup().await;
 }
+
+/// A pod of the test bound to `node` (kwok runs it): bare, unless `owned`
+/// names a ReplicaSet-like controller; `empty_dir` gives it scratch space.
+async fn pod_on(env: &TestEnv, name: &str, node: &str, app: &str, empty_dir: bool) {
+    let mut spec = json!({
+        "nodeName": node,
+        "containers": [{"name": "c", "image": "example.invalid/app"}],
+        "tolerations": [{"operator": "Exists"}],
+    });
+    if empty_dir {
+        spec["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
+    }
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": spec,
+    }))
+    .expect("a pod");
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("creating a pod");
+}
+
+async fn pod_exists(env: &TestEnv, name: &str) -> bool {
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client.clone(), &env.namespace)
+        .get_opt(name)
+        .await
+        .expect("reading a pod")
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+}
+
+/// The Plan's drain options mean what they mean to `kubectl drain`, as
+/// upstream runs it: one node and Plan per option.
+#[tokio::test]
+async fn drain_options_are_honoured_as_kubectl_drain_honours_them() {
+    let env = TestEnv::new("plan-drainopts").await;
+    let cases = ["strict", "forced", "selector", "noevict", "keepdirs"];
+    let mut nodes = std::collections::BTreeMap::new();
+    for case in cases {
+        let n = env.create_kwok_nodes(1, &[("drainopts", case)]).await;
+        nodes.insert(case, n[0].clone());
+    }
+    pod_on(&env, "bare-strict", &nodes["strict"], "strict", false).await;
+    pod_on(&env, "bare-forced", &nodes["forced"], "forced", false).await;
+    pod_on(&env, "web", &nodes["selector"], "web", false).await;
+    pod_on(&env, "other", &nodes["selector"], "other", false).await;
+    pod_on(&env, "guarded", &nodes["noevict"], "guarded", false).await;
+    pod_on(&env, "scratch", &nodes["keepdirs"], "scratch", true).await;
+    create_pdb(&env, "never", "guarded", 0).await;
+    let operator = env.start_operator(Default::default()).await;
+    let drains = [
+        ("strict", json!({})),
+        ("forced", json!({"force": true})),
+        (
+            "selector",
+            json!({"force": true, "podSelector": {"matchLabels": {"app": "web"}}}),
+        ),
+        (
+            "noevict",
+            json!({"force": true, "disableEviction": true, "gracePeriod": 0}),
+        ),
+        ("keepdirs", json!({"force": true, "deleteEmptydirData": false})),
+    ];
+    for (case, drain) in drains {
+        let spec = json!({
+            "concurrency": 1, "version": "v2", "drain": drain,
+            "nodeSelector": {"matchLabels": {"drainopts": case}},
+            "upgrade": upgrade("example.invalid/upgrade"),
+        });
+        create_plan(&env, case, json!({}), spec)
+            .await
+            .expect("creating a plan");
+    }
+    let blocked = |plan: &'static str, pod: &'static str, why: &'static str| {
+        let env = &env;
+        async move {
+            wait_for(&format!("{plan} blocked by {pod}"), TIMEOUT, || async {
+                let p = match plans(env, &env.namespace).get(plan).await {
+                    Ok(p) => p,
+                    Err(e) => return Probe::NotYet(seen(e)),
+                };
+                let message = p
+                    .status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter())
+                    .find(|c| c.type_ == "Complete")
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                match message.contains(why) && message.contains(pod) {
+                    true => Probe::Done(()),
+                    false => Probe::NotYet(message),
+                }
+            })
+            .await
+        }
+    };
+    // force false: the bare pod blocks, is named, and nothing is evicted.
+    blocked(
+        "strict",
+        "bare-strict",
+        "cannot delete Pods that declare no controller",
+    )
+    .await;
+    // deleteEmptydirData false: the emptyDir pod blocks, named.
+    blocked("keepdirs", "scratch", "cannot delete Pods with local storage").await;
+    // force true: evicted, and the node upgraded.
+    // podSelector: only the selected pod goes.
+    // disableEviction: deleted although a budget forbids any eviction.
+    for case in ["forced", "selector", "noevict"] {
+        wait_upgraded(&env, &env.namespace, case, &[nodes[case].clone()], TIMEOUT).await;
+    }
+    assert!(!pod_exists(&env, "bare-forced").await, "force: the bare pod went");
+    assert!(
+        !pod_exists(&env, "web").await,
+        "podSelector: the selected pod went"
+    );
+    assert!(
+        pod_exists(&env, "other").await,
+        "podSelector: the other pod stays"
+    );
+    assert!(
+        !pod_exists(&env, "guarded").await,
+        "disableEviction: deleted past the budget"
+    );
+    // The blocked drains removed nothing and started no Job.
+    for (case, pod) in [("strict", "bare-strict"), ("keepdirs", "scratch")] {
+        assert!(pod_exists(&env, pod).await, "{pod} is not evicted");
+        assert!(
+            jobs_on(&env, &nodes[case]).await.is_empty(),
+            "no Job on the {case} node"
+        );
+    }
+    for case in cases {
+        delete_plan_and_wait(&env, &env.namespace, case).await;
+    }
+    operator.stop().await;
+    env.cleanup().await;
+}

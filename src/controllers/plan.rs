@@ -30,6 +30,7 @@ use super::{App, node_is_ready};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::plan::{NodeUpgrade, Plan, PlanStatus, node_label};
+use crate::drain::kubectl::{self, KubectlDrain};
 use crate::drain::node::{Quarantine, recorded_changes};
 use crate::drain::pods::selector_matches;
 use crate::error::{Error, Result};
@@ -963,12 +964,21 @@ impl PlanReconciler {
             .find(|r| r.name == node)
             .map(|r| r.traceparent.clone())
             .unwrap_or_default();
+        let mut annotations = BTreeMap::new();
+        if !traceparent.is_empty() {
+            annotations.insert(TRACEPARENT_ANNOTATION.to_string(), traceparent);
+        }
+        // The drain follows kubectl's rules with the plan's options, as upstream's.
+        let drain = KubectlDrain::of(&plan.spec.drain.clone().unwrap_or_default());
+        annotations.insert(
+            kubectl::ANNOTATION.to_string(),
+            serde_json::to_string(&drain).unwrap_or_default(),
+        );
         let m = medik8s::NodeMaintenance {
             metadata: ObjectMeta {
                 name: Some(maintenance_name(plan, node)),
                 labels: Some(labels),
-                annotations: (!traceparent.is_empty())
-                    .then(|| BTreeMap::from([(TRACEPARENT_ANNOTATION.to_string(), traceparent)])),
+                annotations: Some(annotations),
                 ..Default::default()
             },
             spec: medik8s::NodeMaintenanceSpec {

@@ -479,6 +479,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("controllers/sip_cluster.rs", include_str!("sip_cluster.rs")),
     ("drain/budgets.rs", include_str!("../drain/budgets.rs")),
     ("drain/engine.rs", include_str!("../drain/engine.rs")),
+    ("drain/kubectl.rs", include_str!("../drain/kubectl.rs")),
     ("drain/mod.rs", include_str!("../drain/mod.rs")),
     ("drain/node.rs", include_str!("../drain/node.rs")),
     ("drain/pods.rs", include_str!("../drain/pods.rs")),
