@@ -1205,3 +1205,113 @@ async fn drain_options_are_honoured_as_kubectl_drain_honours_them() {
     operator.stop().await;
     env.cleanup().await;
 }
+
+/// The k3s/rke2 pair: servers first, and agents whose `prepare` waits for
+/// the servers. An agent's prepare runs before it is cordoned or drained
+/// (upstream's order), so agents stay in service while they wait; a prepare
+/// that runs past its Job's deadline is reported and run again.
+#[tokio::test]
+async fn a_server_and_agent_pair_drains_no_agent_before_its_prepare_finished() {
+    let env = TestEnv::new("plan-pair").await;
+    let servers = env.create_kwok_nodes(1, &[("k3s-role", "server")]).await;
+    let agents = env.create_kwok_nodes(2, &[("k3s-role", "agent")]).await;
+    // The agents' prepare "waits for the servers": its pods stay Pending
+    // until the test lifts this taint.
+    for a in &agents {
+        set_taint(&env, a, hold()).await;
+    }
+    let operator = env.start_operator(Default::default()).await;
+    let server = json!({
+        "concurrency": 1, "version": "v2", "cordon": true,
+        "nodeSelector": {"matchLabels": {"k3s-role": "server"}},
+        "upgrade": upgrade("example.invalid/k3s-upgrade"),
+    });
+    let agent = json!({
+        "concurrency": 1, "version": "v2", "drain": {"force": true},
+        "jobActiveDeadlineSecs": 3,
+        "nodeSelector": {"matchLabels": {"k3s-role": "agent"}},
+        "prepare": {"image": "example.invalid/k3s-upgrade", "args": ["prepare", "k3s-server"]},
+        "upgrade": upgrade("example.invalid/k3s-upgrade"),
+    });
+    create_plan(&env, "k3s-server", json!({}), server)
+        .await
+        .expect("creating the server plan");
+    create_plan(&env, "k3s-agent", json!({}), agent)
+        .await
+        .expect("creating the agent plan");
+    wait_upgraded(&env, &env.namespace, "k3s-server", &servers, TIMEOUT).await;
+    // A prepare past its deadline fails, is reported, and runs again.
+    wait_for("a failed prepare reported", TIMEOUT, || async {
+        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.namespace)
+            .list(&ListParams::default())
+            .await;
+        match events {
+            Ok(list) => {
+                let failed = list.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("JobFailed")
+                        && e.involved_object.name.as_deref() == Some("k3s-agent")
+                });
+                match failed {
+                    true => Probe::Done(()),
+                    false => Probe::NotYet(format!("{} events", list.items.len())),
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let p = plans(&env, &env.namespace)
+        .get("k3s-agent")
+        .await
+        .expect("the agent plan");
+    let status = p.status.expect("a status");
+    assert_eq!(status.applying.len(), 1, "{status:?}");
+    assert!(
+        status.nodes.iter().all(|r| r.phase == "Preparing"),
+        "still preparing: {:?}",
+        status.nodes
+    );
+    for a in &agents {
+        assert!(
+            !cordoned(&node(&env, a).await),
+            "{a} stays in service while its prepare waits"
+        );
+        assert!(
+            jobs_on(&env, a)
+                .await
+                .iter()
+                .all(|j| j.name_any().starts_with("prepare-")),
+            "no upgrade Job on {a} yet"
+        );
+    }
+    // The servers are done: the agents' prepare may finish (no deadline now).
+    patch_plan(&env, "k3s-agent", json!({"jobActiveDeadlineSecs": 0})).await;
+    for a in &agents {
+        set_taint(&env, a, json!(null)).await;
+    }
+    wait_upgraded(&env, &env.namespace, "k3s-agent", &agents, TIMEOUT).await;
+    for a in &agents {
+        let jobs = jobs_on(&env, a).await;
+        let prepared = jobs
+            .iter()
+            .filter(|j| j.name_any().starts_with("prepare-"))
+            .filter_map(|j| j.status.as_ref()?.completion_time.clone())
+            .map(|t| t.0)
+            .max()
+            .expect("a completed prepare Job");
+        let applied = jobs
+            .iter()
+            .find(|j| j.name_any().starts_with("apply-"))
+            .and_then(|j| j.metadata.creation_timestamp.clone())
+            .expect("an upgrade Job")
+            .0;
+        assert!(
+            prepared <= applied,
+            "{a}: prepared at {prepared}, upgrade Job at {applied}"
+        );
+    }
+    delete_plan_and_wait(&env, &env.namespace, "k3s-agent").await;
+    delete_plan_and_wait(&env, &env.namespace, "k3s-server").await;
+    operator.stop().await;
+    env.cleanup().await;
+}

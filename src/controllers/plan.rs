@@ -43,7 +43,8 @@ use crate::telemetry::metrics::{
 };
 use crate::telemetry::trace::{self, SpanRecord, TRACEPARENT_ANNOTATION, TraceParent};
 use crate::upgrade::job::{
-    HOSTNAME_LABEL, JobDefaults, inherited_labels, job_name, parse_go_duration, upgrade_job,
+    HOSTNAME_LABEL, JobDefaults, STEP_LABEL, inherited_labels, job_name, parse_go_duration, prepare_job,
+    prepare_job_name, upgrade_job,
 };
 use crate::upgrade::schedule::{
     self, Candidate, JobState, Maintenance, NodeDecision, NodeFacts, Phase, Prep, Step,
@@ -340,7 +341,13 @@ impl PlanReconciler {
             let counts = node_counts(&status, tally);
             (chosen, blocked, tally.upgraded(), tally.selected(), counts)
         };
-        status.nodes = records(&old, &kept, &chosen, prep_of(plan), &target.hash, now);
+        let first = match (&plan.spec.prepare, prep_of(plan)) {
+            (Some(_), _) => Phase::Preparing,
+            (None, Prep::Drain) => Phase::Draining,
+            (None, Prep::Cordon) => Phase::Cordoning,
+            (None, Prep::Nothing) => Phase::Upgrading,
+        };
+        status.nodes = records(&old, &kept, &chosen, first, &target.hash, now);
         if !released.is_empty() {
             status.last_completion_time = Some(Time(now));
         }
@@ -529,10 +536,21 @@ impl PlanReconciler {
             .get(&ObjectKey::new(Some(&ns), &current))
             .map(|j| job_state(&j, name))
             .unwrap_or(JobState::Absent);
+        let prepare_job = plan.spec.prepare.as_ref().map(|_| {
+            self.ctx
+                .jobs
+                .get(&ObjectKey::new(
+                    Some(&ns),
+                    &prepare_job_name(&plan_name, name, hash),
+                ))
+                .map(|j| job_state(&j, name))
+                .unwrap_or(JobState::Absent)
+        });
         let earlier_job_running = self.ctx.jobs.list().iter().any(|j| {
             j.namespace().as_deref() == Some(ns.as_str())
                 && j.labels().get(labels::PLAN) == Some(&plan_name)
                 && j.labels().get(labels::NODE).map(String::as_str) == Some(name)
+                && !j.labels().contains_key(STEP_LABEL)
                 && j.name_any() != current
                 && job_state(j, name) == JobState::Running
         });
@@ -559,6 +577,7 @@ impl PlanReconciler {
             cordoned_by_plan,
             held_by,
             job,
+            prepare_job,
             earlier_job_running,
             remnants,
         }
@@ -718,7 +737,7 @@ fn records(
     old: &PlanStatus,
     kept: &[&Applying],
     chosen: &[String],
-    prep: Prep,
+    first: Phase,
     hash: &str,
     now: Timestamp,
 ) -> Vec<NodeUpgrade> {
@@ -742,11 +761,6 @@ fn records(
                 .unwrap_or_else(|| TraceParent::new_root().header()),
         });
     }
-    let first = match prep {
-        Prep::Drain => Phase::Draining,
-        Prep::Cordon => Phase::Cordoning,
-        Prep::Nothing => Phase::Upgrading,
-    };
     out.extend(chosen.iter().map(|name| NodeUpgrade {
         name: name.clone(),
         hash: hash.to_string(),
@@ -944,6 +958,8 @@ impl PlanReconciler {
             Step::Drain => self.create_maintenance(plan, node, target).await,
             Step::Cordon => self.cordon(plan, node).await,
             Step::CreateJob => self.create_job(plan, node, target).await,
+            Step::Prepare => self.create_prepare_job(plan, node, target).await,
+            Step::RetryPrepare => self.retry_prepare(plan, node, target).await,
             Step::Label => self.label(plan, node, target).await,
             Step::Release => self.release(plan, node).await,
         }
@@ -1071,6 +1087,61 @@ impl PlanReconciler {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The node's prepare Job, before anything else is done to it.
+    async fn create_prepare_job(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
+        let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node)) else {
+            return Ok(());
+        };
+        let hostname = current
+            .labels()
+            .get(HOSTNAME_LABEL)
+            .cloned()
+            .unwrap_or_else(|| node.to_string());
+        let Some(job) = prepare_job(
+            plan,
+            node,
+            &hostname,
+            &target.version,
+            &target.hash,
+            &self.ctx.config.jobs,
+        ) else {
+            return Ok(());
+        };
+        let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
+        match api.create(&PostParams::default(), &job).await {
+            Ok(j) => {
+                self.event(
+                    plan,
+                    EventType::Normal,
+                    "SyncJob",
+                    format!("Job {} prepares node {node}", j.name_any()),
+                );
+                Ok(())
+            }
+            // Created before (by this replica or the last leader): one per node and hash.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A failed prepare Job is reported and deleted, and the next pass
+    /// makes it again: upstream recreates a failed Job, and a prepare that
+    /// waits for something (the servers of a k3s pair) must go on waiting.
+    /// Nothing has been cordoned or drained yet, so nothing waits on it.
+    async fn retry_prepare(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
+        let ns = plan.namespace().unwrap_or_default();
+        let name = prepare_job_name(&plan.name_any(), node, &target.hash);
+        let Some(job) = self.ctx.jobs.get(&ObjectKey::new(Some(&ns), &name)) else {
+            return Ok(());
+        };
+        if let JobState::Failed(why) = job_state(&job, node) {
+            self.event(plan, EventType::Warning, "JobFailed", format!("{why}; retrying"));
+        }
+        let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
+        super::delete_if_present(&api, &name, &background_deletion(&job)).await?;
+        Ok(())
     }
 
     /// The node gets the hash and postCompleteLabels (with the version and hash expanded).
@@ -1394,6 +1465,7 @@ pub fn plan_status_write(plan: &Plan, mut status: PlanStatus) -> Plan {
 /// A phase's span name in the node's trace.
 fn phase_span(phase: &str) -> Option<&'static str> {
     Some(match phase {
+        "Preparing" => "prepare",
         "Cordoning" => "cordon",
         "Draining" => "drain",
         "Upgrading" => "job",

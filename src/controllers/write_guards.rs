@@ -356,6 +356,18 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
     ("controllers/plan.rs", "create_job", "api.create(", CreateOnce),
     (
         "controllers/plan.rs",
+        "create_prepare_job",
+        "api.create(",
+        CreateOnce,
+    ),
+    (
+        "controllers/plan.rs",
+        "retry_prepare",
+        "delete_if_present(",
+        DeletePreconditions,
+    ),
+    (
+        "controllers/plan.rs",
         "label",
         "api.patch(",
         Harmless(

@@ -49,8 +49,55 @@ pub fn job_name(plan: &str, node: &str, hash: &str) -> String {
     super::safe_concat_name(&["apply", plan, "on", short, "with", hash])
 }
 
+/// The name of the Job that runs a plan's `prepare` on a node before it
+/// is cordoned or drained.
+pub fn prepare_job_name(plan: &str, node: &str, hash: &str) -> String {
+    let short = node.split('.').next().unwrap_or(node);
+    super::safe_concat_name(&["prepare", plan, "on", short, "with", hash])
+}
+
+/// On a prepare Job: which step of the node's upgrade it runs.
+pub const STEP_LABEL: &str = "nodewarden.dev/step";
+
+/// The Job that runs the plan's `prepare` container on `node`, before the
+/// node is cordoned or drained (upstream's order: prepare, drain, upgrade).
+/// It is the upgrade Job with `prepare` as its one container.
+pub fn prepare_job(
+    plan: &Plan,
+    node: &str,
+    hostname: &str,
+    version: &str,
+    hash: &str,
+    defaults: &JobDefaults,
+) -> Option<Job> {
+    let prepare = plan.spec.prepare.as_ref()?;
+    let mut job = upgrade_job(plan, node, hostname, version, hash, defaults);
+    let name = plan.metadata.name.clone().unwrap_or_default();
+    job.metadata.name = Some(prepare_job_name(&name, node, hash));
+    for labels in [
+        job.metadata.labels.as_mut(),
+        job.spec
+            .as_mut()
+            .and_then(|s| s.template.metadata.as_mut())
+            .and_then(|m| m.labels.as_mut()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        labels.insert(STEP_LABEL.into(), "prepare".into());
+    }
+    let env = plan_env(&name, version, hash);
+    let mounts = base_mounts(plan);
+    if let Some(pod) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        pod.init_containers = None;
+        pod.containers = vec![container("prepare", prepare, version, &env, &mounts)];
+    }
+    Some(job)
+}
+
 /// The Job applying `plan` at `version`/`hash` on `node` (whose
-/// `kubernetes.io/hostname` label is `hostname`).
+/// `kubernetes.io/hostname` label is `hostname`). A plan's `prepare` runs
+/// in a Job of its own before ([`prepare_job`]), so it is not repeated here.
 pub fn upgrade_job(
     plan: &Plan,
     node: &str,
@@ -80,10 +127,6 @@ pub fn upgrade_job(
     };
     let env = plan_env(&name, version, hash);
     let mounts = base_mounts(plan);
-    let mut init_containers = Vec::new();
-    if let Some(prepare) = &spec.prepare {
-        init_containers.push(container("prepare", prepare, version, &env, &mounts));
-    }
     let upgrade = container("upgrade", &spec.upgrade, version, &env, &mounts);
     Job {
         metadata: ObjectMeta {
@@ -117,7 +160,6 @@ pub fn upgrade_job(
                     volumes: Some(volumes(plan)),
                     image_pull_secrets: (!spec.image_pull_secrets.is_empty())
                         .then(|| spec.image_pull_secrets.clone()),
-                    init_containers: (!init_containers.is_empty()).then_some(init_containers),
                     containers: vec![upgrade],
                     ..Default::default()
                 }),
