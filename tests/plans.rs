@@ -184,6 +184,32 @@ async fn bad_plans_are_refused_with_a_clear_message() {
             "{spec}: {err} should say {want:?}"
         );
     }
+    // A bad day is refused by its own message alone, reading as upstream's does.
+    let err = create_plan(
+        &env,
+        "bad-day",
+        json!({}),
+        json!({"version": "v1", "upgrade": upgrade("x"), "window": {"days": ["someday"]}}),
+    )
+    .await
+    .expect_err("a bad day is refused")
+    .to_string();
+    assert!(err.contains("invalid: spec.window.days"), "{err}");
+    assert!(!err.contains("not checked"), "one cause only: {err}");
+    // kured's windows upstream accepts: bare hours, no days, any case.
+    for (i, window) in [
+        json!({"startTime": "22", "endTime": "6"}),
+        json!({"days": ["Sat", "su"], "startTime": "10pm", "endTime": "03:04am", "timeZone": "Europe/Berlin"}),
+        json!({"days": ["0", "6"], "startTime": "22:00:00", "endTime": "6"}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spec = json!({"version": "v1", "upgrade": upgrade("x"), "window": window});
+        create_plan(&env, &format!("window-{i}"), json!({}), spec.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{spec} applies: {e}"));
+    }
     // What CEL cannot see: an unknown time zone, a missing Secret.
     let _operator = env.start_operator(Default::default()).await;
     let spec = json!({"version": "v1", "upgrade": upgrade("x"), "window": {"days": ["mon"], "timeZone": "Mars/Olympus"}});
@@ -202,7 +228,7 @@ async fn bad_plans_are_refused_with_a_clear_message() {
         .expect("creating");
     let m = wait_condition(&env, "secret", "Validated", "False", "Error").await;
     assert!(m.contains("\"missing\" not found"), "{m}");
-    for name in ["zone", "secret"] {
+    for name in ["zone", "secret", "window-0", "window-1", "window-2"] {
         delete_plan_and_wait(&env, &env.namespace, name).await;
     }
     env.cleanup().await;

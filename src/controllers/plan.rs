@@ -387,10 +387,15 @@ impl PlanReconciler {
             .iter()
             .find(|a| a.decision.phase == Phase::Failed)
             .map(|a| a.name.as_str());
-        let window_open = target.window.as_ref().is_none_or(|w| w.contains(now));
+        // Upstream's rule: outside the window new nodes still start while
+        // any node of the plan is applying.
+        let window_open = target.window.as_ref().is_none_or(|w| w.contains(now)) || !kept.is_empty();
         let holder = self.exclusive_holder(plan);
         let delay_until = delay_until(plan, status);
-        let blocked = schedule::start_blocked(failed, window_open, holder.as_deref(), delay_until, now);
+        let mut blocked = schedule::start_blocked(failed, window_open, holder.as_deref(), delay_until, now);
+        if !window_open && target.window.as_ref().is_some_and(Window::never_opens) {
+            blocked = blocked.map(|b| format!("{b} (it has no days, so it never opens)"));
+        }
         // Upstream's default is 0, which selects no node (it says nothing; we do).
         let concurrency = plan.spec.concurrency.unwrap_or(0).max(0) as usize;
         if blocked.is_some() {
