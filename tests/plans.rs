@@ -264,8 +264,11 @@ async fn a_failed_job_holds_its_node_and_deleting_the_plan_undoes_only_its_cordo
         .await
         .expect("creating the plan");
     let message = wait_condition(&env, "failing", "Complete", "False", "JobFailed").await;
+    // Upstream's words: "Job <ns>/<name> failed on Node <node>: <reason>: <message>".
     assert!(
-        message.contains("Job apply-failing-on-") && message.contains("failed"),
+        message.contains(&format!("Job {}/apply-failing-on-", env.namespace))
+            && message.contains(" failed on Node ")
+            && message.contains(": DeadlineExceeded: "),
         "{message}"
     );
     // Give the plan time to (wrongly) start the third node.

@@ -220,7 +220,7 @@ impl Reconciler for PlanReconciler {
                 cs,
                 "Validated",
                 true,
-                "Validated",
+                "PlanIsValid",
                 "the plan is valid",
                 generation,
                 now,
@@ -245,7 +245,7 @@ impl Reconciler for PlanReconciler {
                 &mut status.conditions,
                 "Complete",
                 false,
-                "Error",
+                "NotReady",
                 why,
                 generation,
                 now,
@@ -660,14 +660,13 @@ fn job_state(job: &Job, node: &str) -> JobState {
         return JobState::Succeeded;
     }
     match find("Failed") {
+        // Upstream's words: "Job <ns>/<name> failed on Node <node>: <reason>: <message>".
         Some(c) => JobState::Failed(format!(
-            "Job {} on node {node} failed: {}{}",
+            "Job {}/{} failed on Node {node}: {}: {}",
+            job.namespace().unwrap_or_default(),
             job.name_any(),
-            c.reason.as_deref().unwrap_or("Failed"),
-            c.message
-                .as_deref()
-                .map(|m| format!(" ({m})"))
-                .unwrap_or_default()
+            c.reason.as_deref().unwrap_or_default(),
+            c.message.as_deref().unwrap_or_default(),
         )),
         None => JobState::Running,
     }
@@ -800,7 +799,7 @@ fn complete_condition(
             .collect();
         (
             false,
-            "Applying",
+            "SyncJob",
             format!("{upgraded}/{selected} upgraded; {}", nodes.join("; ")),
         )
     } else if upgraded < selected {
