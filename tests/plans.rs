@@ -947,8 +947,17 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
         .create_kwok_nodes(1, &[(label, ""), ("k3os.io/mode", "local")])
         .await;
     let busy = running[0].clone();
-    // Its Job's pod stays Pending until the test lifts this taint.
+    // Its Job's pod stays Pending until the test lifts this taint; its
+    // drain container had cordoned the node.
     set_taint(&env, &busy, hold()).await;
+    Api::<Node>::all(env.client.clone())
+        .patch(
+            &busy,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .expect("cordoning as SUC's drain did");
     let seed = json!({
         "concurrency": 1,
         "channel": "https://github.com/rancher/k3os/releases/latest",
@@ -992,6 +1001,7 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
             "spec": {
                 "restartPolicy": "Never",
                 "nodeSelector": {"kubernetes.io/hostname": busy},
+                "tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [{"name": "upgrade", "image": "rancher/k3os:v0.9.0-dev"}],
             },
         }},
@@ -1024,10 +1034,6 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
         assert!(untouched(&node(&env, n).await), "{n} is left alone");
         assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");
     }
-    assert!(
-        !cordoned(&node(&env, &busy).await),
-        "SUC's running Job is waited for, not drained around"
-    );
     assert_eq!(jobs_on(&env, &busy).await.len(), 1, "SUC's Job is not duplicated");
     let maintenances = env
         .client
@@ -1057,6 +1063,14 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
     assert_eq!(hash, SUC_SEED_HASH);
     wait_condition_in(&env, &env.namespace, "k3os-latest", "Complete", "True").await;
     assert_eq!(jobs_on(&env, &busy).await.len(), 1, "still the one Job");
+    // Upstream uncordons once its Job completed; so does nodewarden for it.
+    wait_for("the taken-over node uncordoned", TIMEOUT, || async {
+        match cordoned(&node(&env, &busy).await) {
+            false => Probe::Done(()),
+            true => Probe::NotYet("cordoned".into()),
+        }
+    })
+    .await;
     for n in &done {
         assert!(untouched(&node(&env, n).await), "{n} is left alone");
         assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");

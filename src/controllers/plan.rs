@@ -535,11 +535,10 @@ impl PlanReconciler {
         let plan_name = plan.name_any();
         let ns = plan.namespace().unwrap_or_default();
         let current = job_name(&plan_name, name, hash);
-        let job = self
-            .ctx
-            .jobs
-            .get(&ObjectKey::new(Some(&ns), &current))
-            .map(|j| job_state(&j, name))
+        let job_object = self.ctx.jobs.get(&ObjectKey::new(Some(&ns), &current));
+        let job = job_object
+            .as_deref()
+            .map(|j| job_state(j, name))
             .unwrap_or(JobState::Absent);
         let prepare_job = plan.spec.prepare.as_ref().map(|_| {
             self.ctx
@@ -568,8 +567,12 @@ impl PlanReconciler {
         let record = node.as_deref().and_then(recorded_changes);
         let cordoned_by_plan = record.as_ref().is_some_and(|c| c.owner == owner(plan));
         let held_by = record.map(|c| c.owner).filter(|o| *o != owner(plan));
+        let upstream_cordon = node
+            .as_deref()
+            .is_some_and(|n| cordoned_by_upstream(plan, n, job_object.as_deref()));
         let remnants = maintenance != Maintenance::Absent
             || cordoned_by_plan
+            || upstream_cordon
             || job == JobState::Running
             || earlier_job_running;
         NodeFacts {
@@ -588,6 +591,23 @@ impl PlanReconciler {
         }
     }
 }
+
+/// Did upstream's Job (a System Upgrade Controller's, taken over) cordon
+/// the node? Its own cordon or drain container did, and upstream uncordons
+/// once the Job completed: a node taken over mid-upgrade gets the same.
+/// Only a node no one recorded a change on (an admin's or another owner's
+/// cordon stays).
+fn cordoned_by_upstream(plan: &Plan, node: &Node, job: Option<&Job>) -> bool {
+    let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+    let upstream_job = job.is_some_and(|j| {
+        j.labels().get(labels::CONTROLLER).map(String::as_str) == Some(UPSTREAM_CONTROLLER)
+            && job_state(j, &node.name_any()) == JobState::Succeeded
+    });
+    unschedulable && upstream_job && prep_of(plan) != Prep::Nothing && recorded_changes(node).is_none()
+}
+
+/// The `upgrade.cattle.io/controller` label of the System Upgrade Controller's Jobs.
+const UPSTREAM_CONTROLLER: &str = "system-upgrade-controller";
 
 /// How the plan prepares a node: drain implies cordon.
 fn prep_of(plan: &Plan) -> Prep {
@@ -965,7 +985,7 @@ impl PlanReconciler {
             Step::Prepare => self.create_prepare_job(plan, node, target).await,
             Step::RetryPrepare => self.retry_prepare(plan, node, target).await,
             Step::Label => self.label(plan, node, target).await,
-            Step::Release => self.release(plan, node).await,
+            Step::Release => self.release(plan, node, &target.hash).await,
         }
     }
 
@@ -1196,7 +1216,7 @@ impl PlanReconciler {
     /// Undoes exactly what the plan did on `node`: its NodeMaintenance
     /// (whose undo uncordons only if it cordoned), its cordon record, its
     /// unfinished Jobs.
-    async fn release(&self, plan: &Plan, node: &str) -> Result<()> {
+    async fn release(&self, plan: &Plan, node: &str, hash: &str) -> Result<()> {
         let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.ctx.client.clone());
         // The maintenance there now (a fresh list: the role may not get
         // them), deleted by its UID: a delete landing late, after another
@@ -1214,6 +1234,20 @@ impl PlanReconciler {
             && let Some(restored) = crate::drain::node::undo(&current, &owner(plan))
         {
             api.replace(node, &PostParams::default(), &restored).await?;
+        } else if let Some(current) = api.get_opt(node).await? {
+            // Upstream's own cordon, lifted as upstream lifts it (on the
+            // resourceVersion read: a late write loses to any change since).
+            let job = self.ctx.jobs.get(&ObjectKey::new(
+                plan.namespace().as_deref(),
+                &job_name(&plan.name_any(), node, hash),
+            ));
+            if cordoned_by_upstream(plan, &current, job.as_deref()) {
+                let mut uncordoned = current.clone();
+                if let Some(spec) = uncordoned.spec.as_mut() {
+                    spec.unschedulable = None;
+                }
+                api.replace(node, &PostParams::default(), &uncordoned).await?;
+            }
         }
         let ns = plan.namespace().unwrap_or_default();
         let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
@@ -1410,7 +1444,12 @@ impl PlanReconciler {
         }
         for node in &nodes {
             self.ctx.leader.ensure_leader()?;
-            self.release(plan, node).await?;
+            let hash = plan
+                .status
+                .as_ref()
+                .and_then(|s| s.latest_hash.clone())
+                .unwrap_or_default();
+            self.release(plan, node, &hash).await?;
         }
         self.delete_jobs(plan).await?;
         // One fresh list by the plan's labels (what its maintenances carry;
