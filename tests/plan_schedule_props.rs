@@ -73,6 +73,7 @@ impl Node {
             cordoned_by_plan: self.cordoned,
             held_by: None,
             job: self.job.clone(),
+            prepare_job: None,
             earlier_job_running: false,
             remnants: self.remnants(),
         }
@@ -305,6 +306,10 @@ impl World {
                 !node.remnants(),
                 "{name} left applying with the plan's things on it"
             ),
+            // The model's plans have no `prepare` (its order is in the unit table).
+            Step::Prepare | Step::RetryPrepare => {
+                prop_assert!(false, "{name}: a prepare step without prepare")
+            }
             Step::Cordon | Step::Drain | Step::Wait => {}
         }
         Ok(())
@@ -324,7 +329,7 @@ impl World {
                     node.job = JobState::Absent;
                 }
             }
-            Step::Wait | Step::Finish => {}
+            Step::Wait | Step::Finish | Step::Prepare | Step::RetryPrepare => {}
         }
     }
 

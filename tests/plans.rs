@@ -184,6 +184,32 @@ async fn bad_plans_are_refused_with_a_clear_message() {
             "{spec}: {err} should say {want:?}"
         );
     }
+    // A bad day is refused by its own message alone, reading as upstream's does.
+    let err = create_plan(
+        &env,
+        "bad-day",
+        json!({}),
+        json!({"version": "v1", "upgrade": upgrade("x"), "window": {"days": ["someday"]}}),
+    )
+    .await
+    .expect_err("a bad day is refused")
+    .to_string();
+    assert!(err.contains("invalid: spec.window.days"), "{err}");
+    assert!(!err.contains("not checked"), "one cause only: {err}");
+    // kured's windows upstream accepts: bare hours, no days, any case.
+    for (i, window) in [
+        json!({"startTime": "22", "endTime": "6"}),
+        json!({"days": ["Sat", "su"], "startTime": "10pm", "endTime": "03:04am", "timeZone": "Europe/Berlin"}),
+        json!({"days": ["0", "6"], "startTime": "22:00:00", "endTime": "6"}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let spec = json!({"version": "v1", "upgrade": upgrade("x"), "window": window});
+        create_plan(&env, &format!("window-{i}"), json!({}), spec.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{spec} applies: {e}"));
+    }
     // What CEL cannot see: an unknown time zone, a missing Secret.
     let _operator = env.start_operator(Default::default()).await;
     let spec = json!({"version": "v1", "upgrade": upgrade("x"), "window": {"days": ["mon"], "timeZone": "Mars/Olympus"}});
@@ -202,7 +228,7 @@ async fn bad_plans_are_refused_with_a_clear_message() {
         .expect("creating");
     let m = wait_condition(&env, "secret", "Validated", "False", "Error").await;
     assert!(m.contains("\"missing\" not found"), "{m}");
-    for name in ["zone", "secret"] {
+    for name in ["zone", "secret", "window-0", "window-1", "window-2"] {
         delete_plan_and_wait(&env, &env.namespace, name).await;
     }
     env.cleanup().await;
@@ -238,8 +264,11 @@ async fn a_failed_job_holds_its_node_and_deleting_the_plan_undoes_only_its_cordo
         .await
         .expect("creating the plan");
     let message = wait_condition(&env, "failing", "Complete", "False", "JobFailed").await;
+    // Upstream's words: "Job <ns>/<name> failed on Node <node>: <reason>: <message>".
     assert!(
-        message.contains("Job apply-failing-on-") && message.contains("failed"),
+        message.contains(&format!("Job {}/apply-failing-on-", env.namespace))
+            && message.contains(" failed on Node ")
+            && message.contains(": DeadlineExceeded: "),
         "{message}"
     );
     // Give the plan time to (wrongly) start the third node.
@@ -381,7 +410,7 @@ async fn a_changed_secret_reruns_the_plan_unless_its_updates_are_ignored() {
     let operator = env.start_operator(Default::default()).await;
     for (plan, secret, ignore) in [("watched", "watched", false), ("ignored", "ignored", true)] {
         let spec = json!({
-            "version": "v1",
+            "version": "v1", "concurrency": 1,
             "nodeSelector": {"matchLabels": {"secret": plan}},
             "secrets": [{"name": secret, "path": "/run/secret", "ignoreUpdates": ignore}],
             "upgrade": upgrade("example.invalid/upgrade"),
@@ -597,7 +626,7 @@ async fn a_window_starts_nodes_only_inside_it_and_never_interrupts_a_running_job
     let nodes = env.create_kwok_nodes(2, &[("windowed", "yes")]).await;
     let operator = env.start_operator(Default::default()).await;
     let spec = json!({
-        "version": "v2",
+        "version": "v2", "concurrency": 1,
         "nodeSelector": {"matchLabels": {"windowed": "yes"}},
         "window": window(3, 4),
         "upgrade": upgrade("example.invalid/upgrade"),
@@ -754,7 +783,7 @@ async fn a_node_leaving_the_selector_mid_way_is_released_and_its_job_deleted() {
     set_taint(&env, n, hold()).await;
     let operator = env.start_operator(Default::default()).await;
     let spec = json!({
-        "version": "v2", "cordon": true,
+        "version": "v2", "cordon": true, "concurrency": 1,
         "nodeSelector": {"matchLabels": {"leaving": "yes"}},
         "upgrade": upgrade("example.invalid/upgrade"),
     });
@@ -894,6 +923,438 @@ async fn progress_follows_nodes_joining_leaving_upgraded_and_deleted() {
     .await;
     wait_progress(&env, "tally", "0/1").await;
     delete_plan_and_wait(&env, &env.namespace, "tally").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// Seed 003's Plan, hashed by the System Upgrade Controller v0.20.1 (see
+/// `upstream_hashes` in src/upgrade/hash.rs for how the value was had).
+const SUC_SEED_HASH: &str = "867d9ef93211def3a0eb54ef368e8d3d130444f08a835c02a06a9358";
+
+/// A cluster the System Upgrade Controller upgraded: two nodes carry its
+/// hash label for seed 003's Plan, and on a third its Job still runs (with
+/// `status.applying` naming it, as SUC leaves them). nodewarden takes over
+/// without touching the upgraded nodes and without a second Job.
+#[tokio::test]
+async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
+    let env = TestEnv::new("plan-takeover").await;
+    support::install_crds(&env.client).await;
+    let label = "plan.upgrade.cattle.io/k3os-latest";
+    let done = env
+        .create_kwok_nodes(2, &[(label, SUC_SEED_HASH), ("k3os.io/mode", "local")])
+        .await;
+    let running = env
+        .create_kwok_nodes(1, &[(label, ""), ("k3os.io/mode", "local")])
+        .await;
+    let busy = running[0].clone();
+    // Its Job's pod stays Pending until the test lifts this taint; its
+    // drain container had cordoned the node.
+    set_taint(&env, &busy, hold()).await;
+    Api::<Node>::all(env.client.clone())
+        .patch(
+            &busy,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .expect("cordoning as SUC's drain did");
+    let seed = json!({
+        "concurrency": 1,
+        "channel": "https://github.com/rancher/k3os/releases/latest",
+        "version": "v0.9.0-dev",
+        "nodeSelector": {"matchExpressions": [
+            {"key": label, "operator": "Exists"},
+            {"key": "k3os.io/mode", "operator": "NotIn", "values": ["live"]},
+        ]},
+        "drain": {"force": true},
+        "upgrade": {"image": "rancher/k3os", "command": ["k3os", "--debug"], "args": ["upgrade"]},
+    });
+    create_plan(&env, "k3os-latest", json!({}), seed)
+        .await
+        .expect("creating the plan");
+    // What SUC's status handler and generating handler wrote.
+    plans(&env, &env.namespace)
+        .patch_status(
+            "k3os-latest",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {
+                "latestVersion": "v0.9.0-dev", "latestHash": SUC_SEED_HASH, "applying": [busy],
+            }})),
+        )
+        .await
+        .expect("writing SUC's status");
+    // SUC's Job, as it names and labels it.
+    let job_name =
+        nodewarden::upgrade::safe_concat_name(&["apply", "k3os-latest", "on", &busy, "with", SUC_SEED_HASH]);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": job_name, "labels": {
+            "upgrade.cattle.io/controller": "system-upgrade-controller",
+            "upgrade.cattle.io/plan": "k3os-latest",
+            "upgrade.cattle.io/node": busy,
+            "upgrade.cattle.io/version": "v0.9.0-dev",
+            label: SUC_SEED_HASH,
+            // The test operator's scope (a real one sees every Job).
+            RUN_LABEL: env.id,
+        }},
+        "spec": {"backoffLimit": 2, "template": {
+            "metadata": {"labels": {"upgrade.cattle.io/plan": "k3os-latest", "upgrade.cattle.io/node": busy}},
+            "spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": {"kubernetes.io/hostname": busy},
+                "tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "upgrade", "image": "rancher/k3os:v0.9.0-dev"}],
+            },
+        }},
+    }))
+    .expect("a job");
+    Api::<Job>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("creating SUC's job");
+
+    let operator = env.start_operator(Default::default()).await;
+    // nodewarden's own hash is upstream's.
+    wait_for("nodewarden's status on the plan", TIMEOUT, || async {
+        match plans(&env, &env.namespace).get("k3os-latest").await {
+            Ok(p) => {
+                let s = p.status.unwrap_or_default();
+                let mine = s.observed_generation.is_some() && s.latest_hash.as_deref() == Some(SUC_SEED_HASH);
+                match mine && s.progress.as_deref() == Some("2/3") {
+                    true => Probe::Done(()),
+                    false => Probe::NotYet(format!("{s:?}")),
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let untouched =
+        |n: &Node| !cordoned(n) && n.labels().get(label).map(String::as_str) == Some(SUC_SEED_HASH);
+    for n in &done {
+        assert!(untouched(&node(&env, n).await), "{n} is left alone");
+        assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");
+    }
+    assert_eq!(jobs_on(&env, &busy).await.len(), 1, "SUC's Job is not duplicated");
+    let maintenances = env
+        .client
+        .request::<Value>(
+            http::Request::get("/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances")
+                .body(Vec::new())
+                .expect("a request"),
+        )
+        .await
+        .expect("listing NodeMaintenances");
+    let mine: Vec<&Value> = maintenances["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| {
+            m["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains(&env.namespace))
+        })
+        .collect();
+    assert!(mine.is_empty(), "nothing is drained: {mine:?}");
+
+    // SUC's Job finishes: nodewarden labels its node and the plan completes.
+    set_taint(&env, &busy, json!(null)).await;
+    let all: Vec<String> = done.iter().chain(running.iter()).cloned().collect();
+    let hash = wait_upgraded(&env, &env.namespace, "k3os-latest", &all, TIMEOUT).await;
+    assert_eq!(hash, SUC_SEED_HASH);
+    wait_condition_in(&env, &env.namespace, "k3os-latest", "Complete", "True").await;
+    assert_eq!(jobs_on(&env, &busy).await.len(), 1, "still the one Job");
+    // Upstream uncordons once its Job completed; so does nodewarden for it.
+    wait_for("the taken-over node uncordoned", TIMEOUT, || async {
+        match cordoned(&node(&env, &busy).await) {
+            false => Probe::Done(()),
+            true => Probe::NotYet("cordoned".into()),
+        }
+    })
+    .await;
+    for n in &done {
+        assert!(untouched(&node(&env, n).await), "{n} is left alone");
+        assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");
+    }
+    delete_plan_and_wait(&env, &env.namespace, "k3os-latest").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// Upstream's `concurrency` defaults to 0, which selects no node: a Plan
+/// without it starts nothing, and nodewarden's condition says why.
+#[tokio::test]
+async fn a_plan_without_concurrency_starts_nothing_and_says_why() {
+    let env = TestEnv::new("plan-noconc").await;
+    let nodes = env.create_kwok_nodes(2, &[("noconc", "yes")]).await;
+    let operator = env.start_operator(Default::default()).await;
+    let spec = json!({
+        "version": "v2", "cordon": true,
+        "nodeSelector": {"matchLabels": {"noconc": "yes"}},
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    create_plan(&env, "idle", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    let message = wait_condition(&env, "idle", "Complete", "False", "Waiting").await;
+    assert!(message.contains("concurrency"), "{message}");
+    let p = plans(&env, &env.namespace).get("idle").await.expect("the plan");
+    assert!(p.status.expect("a status").applying.is_empty());
+    for n in &nodes {
+        assert!(!cordoned(&node(&env, n).await), "{n} untouched");
+        assert!(jobs_on(&env, n).await.is_empty(), "no Job on {n}");
+    }
+    // Setting it starts the plan.
+    patch_plan(&env, "idle", json!({"concurrency": 2})).await;
+    wait_upgraded(&env, &env.namespace, "idle", &nodes, TIMEOUT).await;
+    delete_plan_and_wait(&env, &env.namespace, "idle").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// A pod of the test bound to `node` (kwok runs it): bare, unless `owned`
+/// names a ReplicaSet-like controller; `empty_dir` gives it scratch space.
+async fn pod_on(env: &TestEnv, name: &str, node: &str, app: &str, empty_dir: bool) {
+    let mut spec = json!({
+        "nodeName": node,
+        "containers": [{"name": "c", "image": "example.invalid/app"}],
+        "tolerations": [{"operator": "Exists"}],
+    });
+    if empty_dir {
+        spec["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
+    }
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": spec,
+    }))
+    .expect("a pod");
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client.clone(), &env.namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("creating a pod");
+}
+
+async fn pod_exists(env: &TestEnv, name: &str) -> bool {
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client.clone(), &env.namespace)
+        .get_opt(name)
+        .await
+        .expect("reading a pod")
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+}
+
+/// The Plan's drain options mean what they mean to `kubectl drain`, as
+/// upstream runs it: one node and Plan per option.
+#[tokio::test]
+async fn drain_options_are_honoured_as_kubectl_drain_honours_them() {
+    let env = TestEnv::new("plan-drainopts").await;
+    let cases = ["strict", "forced", "selector", "noevict", "keepdirs"];
+    let mut nodes = std::collections::BTreeMap::new();
+    for case in cases {
+        let n = env.create_kwok_nodes(1, &[("drainopts", case)]).await;
+        nodes.insert(case, n[0].clone());
+    }
+    pod_on(&env, "bare-strict", &nodes["strict"], "strict", false).await;
+    pod_on(&env, "bare-forced", &nodes["forced"], "forced", false).await;
+    pod_on(&env, "web", &nodes["selector"], "web", false).await;
+    pod_on(&env, "other", &nodes["selector"], "other", false).await;
+    pod_on(&env, "guarded", &nodes["noevict"], "guarded", false).await;
+    pod_on(&env, "scratch", &nodes["keepdirs"], "scratch", true).await;
+    create_pdb(&env, "never", "guarded", 0).await;
+    let operator = env.start_operator(Default::default()).await;
+    let drains = [
+        ("strict", json!({})),
+        ("forced", json!({"force": true})),
+        (
+            "selector",
+            json!({"force": true, "podSelector": {"matchLabels": {"app": "web"}}}),
+        ),
+        (
+            "noevict",
+            json!({"force": true, "disableEviction": true, "gracePeriod": 0}),
+        ),
+        ("keepdirs", json!({"force": true, "deleteEmptydirData": false})),
+    ];
+    for (case, drain) in drains {
+        let spec = json!({
+            "concurrency": 1, "version": "v2", "drain": drain,
+            "nodeSelector": {"matchLabels": {"drainopts": case}},
+            "upgrade": upgrade("example.invalid/upgrade"),
+        });
+        create_plan(&env, case, json!({}), spec)
+            .await
+            .expect("creating a plan");
+    }
+    let blocked = |plan: &'static str, pod: &'static str, why: &'static str| {
+        let env = &env;
+        async move {
+            wait_for(&format!("{plan} blocked by {pod}"), TIMEOUT, || async {
+                let p = match plans(env, &env.namespace).get(plan).await {
+                    Ok(p) => p,
+                    Err(e) => return Probe::NotYet(seen(e)),
+                };
+                let message = p
+                    .status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter())
+                    .find(|c| c.type_ == "Complete")
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                match message.contains(why) && message.contains(pod) {
+                    true => Probe::Done(()),
+                    false => Probe::NotYet(message),
+                }
+            })
+            .await
+        }
+    };
+    // force false: the bare pod blocks, is named, and nothing is evicted.
+    blocked(
+        "strict",
+        "bare-strict",
+        "cannot delete Pods that declare no controller",
+    )
+    .await;
+    // deleteEmptydirData false: the emptyDir pod blocks, named.
+    blocked("keepdirs", "scratch", "cannot delete Pods with local storage").await;
+    // force true: evicted, and the node upgraded.
+    // podSelector: only the selected pod goes.
+    // disableEviction: deleted although a budget forbids any eviction.
+    for case in ["forced", "selector", "noevict"] {
+        wait_upgraded(&env, &env.namespace, case, &[nodes[case].clone()], TIMEOUT).await;
+    }
+    assert!(!pod_exists(&env, "bare-forced").await, "force: the bare pod went");
+    assert!(
+        !pod_exists(&env, "web").await,
+        "podSelector: the selected pod went"
+    );
+    assert!(
+        pod_exists(&env, "other").await,
+        "podSelector: the other pod stays"
+    );
+    assert!(
+        !pod_exists(&env, "guarded").await,
+        "disableEviction: deleted past the budget"
+    );
+    // The blocked drains removed nothing and started no Job.
+    for (case, pod) in [("strict", "bare-strict"), ("keepdirs", "scratch")] {
+        assert!(pod_exists(&env, pod).await, "{pod} is not evicted");
+        assert!(
+            jobs_on(&env, &nodes[case]).await.is_empty(),
+            "no Job on the {case} node"
+        );
+    }
+    for case in cases {
+        delete_plan_and_wait(&env, &env.namespace, case).await;
+    }
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// The k3s/rke2 pair: servers first, and agents whose `prepare` waits for
+/// the servers. An agent's prepare runs before it is cordoned or drained
+/// (upstream's order), so agents stay in service while they wait; a prepare
+/// that runs past its Job's deadline is reported and run again.
+#[tokio::test]
+async fn a_server_and_agent_pair_drains_no_agent_before_its_prepare_finished() {
+    let env = TestEnv::new("plan-pair").await;
+    let servers = env.create_kwok_nodes(1, &[("k3s-role", "server")]).await;
+    let agents = env.create_kwok_nodes(2, &[("k3s-role", "agent")]).await;
+    // The agents' prepare "waits for the servers": its pods stay Pending
+    // until the test lifts this taint.
+    for a in &agents {
+        set_taint(&env, a, hold()).await;
+    }
+    let operator = env.start_operator(Default::default()).await;
+    let server = json!({
+        "concurrency": 1, "version": "v2", "cordon": true,
+        "nodeSelector": {"matchLabels": {"k3s-role": "server"}},
+        "upgrade": upgrade("example.invalid/k3s-upgrade"),
+    });
+    let agent = json!({
+        "concurrency": 1, "version": "v2", "drain": {"force": true},
+        "jobActiveDeadlineSecs": 3,
+        "nodeSelector": {"matchLabels": {"k3s-role": "agent"}},
+        "prepare": {"image": "example.invalid/k3s-upgrade", "args": ["prepare", "k3s-server"]},
+        "upgrade": upgrade("example.invalid/k3s-upgrade"),
+    });
+    create_plan(&env, "k3s-server", json!({}), server)
+        .await
+        .expect("creating the server plan");
+    create_plan(&env, "k3s-agent", json!({}), agent)
+        .await
+        .expect("creating the agent plan");
+    wait_upgraded(&env, &env.namespace, "k3s-server", &servers, TIMEOUT).await;
+    // A prepare past its deadline fails, is reported, and runs again.
+    wait_for("a failed prepare reported", TIMEOUT, || async {
+        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.namespace)
+            .list(&ListParams::default())
+            .await;
+        match events {
+            Ok(list) => {
+                let failed = list.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("JobFailed")
+                        && e.involved_object.name.as_deref() == Some("k3s-agent")
+                });
+                match failed {
+                    true => Probe::Done(()),
+                    false => Probe::NotYet(format!("{} events", list.items.len())),
+                }
+            }
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let p = plans(&env, &env.namespace)
+        .get("k3s-agent")
+        .await
+        .expect("the agent plan");
+    let status = p.status.expect("a status");
+    assert_eq!(status.applying.len(), 1, "{status:?}");
+    assert!(
+        status.nodes.iter().all(|r| r.phase == "Preparing"),
+        "still preparing: {:?}",
+        status.nodes
+    );
+    for a in &agents {
+        assert!(
+            !cordoned(&node(&env, a).await),
+            "{a} stays in service while its prepare waits"
+        );
+        assert!(
+            jobs_on(&env, a)
+                .await
+                .iter()
+                .all(|j| j.name_any().starts_with("prepare-")),
+            "no upgrade Job on {a} yet"
+        );
+    }
+    // The servers are done: the agents' prepare may finish (no deadline now).
+    patch_plan(&env, "k3s-agent", json!({"jobActiveDeadlineSecs": 0})).await;
+    for a in &agents {
+        set_taint(&env, a, json!(null)).await;
+    }
+    wait_upgraded(&env, &env.namespace, "k3s-agent", &agents, TIMEOUT).await;
+    for a in &agents {
+        let jobs = jobs_on(&env, a).await;
+        let prepared = jobs
+            .iter()
+            .filter(|j| j.name_any().starts_with("prepare-"))
+            .filter_map(|j| j.status.as_ref()?.completion_time.clone())
+            .map(|t| t.0)
+            .max()
+            .expect("a completed prepare Job");
+        let applied = jobs
+            .iter()
+            .find(|j| j.name_any().starts_with("apply-"))
+            .and_then(|j| j.metadata.creation_timestamp.clone())
+            .expect("an upgrade Job")
+            .0;
+        assert!(
+            prepared <= applied,
+            "{a}: prepared at {prepared}, upgrade Job at {applied}"
+        );
+    }
+    delete_plan_and_wait(&env, &env.namespace, "k3s-agent").await;
+    delete_plan_and_wait(&env, &env.namespace, "k3s-server").await;
     operator.stop().await;
     env.cleanup().await;
 }

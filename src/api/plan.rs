@@ -72,7 +72,7 @@ const DURATION: &str = "^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$";
 #[x_kube(validation = kube::core::Rule::new("(has(self.version) && self.version != '') || (has(self.channel) && self.channel != '')").message("cannot resolve plan: missing channel and version"))]
 #[serde(rename_all = "camelCase")]
 pub struct PlanSpec {
-    /// The most nodes applying this plan at once (0 pauses the plan).
+    /// The most nodes applying this plan at once (unset or 0: none starts, as upstream).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self >= 0").message("spec.concurrency must not be negative"))]
     pub concurrency: Option<i64>,
@@ -229,44 +229,46 @@ pub struct DrainSpec {
 #[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WindowSpec {
-    /// Days of the week (`mon`, `monday`, `1`, ...).
+    /// Days of the week (`mon`, `monday`, `1`, ...); none: the window never
+    /// opens (kured's meaning, which upstream uses).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "weekdays")]
     pub days: Vec<String>,
-    /// Start of the window, e.g. `22:00` or `10pm`.
+    /// Start of the window, e.g. `22:00`, `22` or `10pm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
-    #[x_kube(validation = kube::core::Rule::new(format!("self.matches('{TIME_OF_DAY}')")).message("spec.window.startTime must be a time of day such as 22:00, 22:00:00 or 10pm"))]
+    #[x_kube(validation = kube::core::Rule::new(format!("self.matches('{TIME_OF_DAY}')")).message("spec.window.startTime must be a time of day such as 22:00, 22:00:00, 22 or 10pm"))]
     pub start_time: Option<String>,
     /// End of the window (before the start: the window spans midnight).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
-    #[x_kube(validation = kube::core::Rule::new(format!("self.matches('{TIME_OF_DAY}')")).message("spec.window.endTime must be a time of day such as 06:00, 06:00:00 or 6am"))]
+    #[x_kube(validation = kube::core::Rule::new(format!("self.matches('{TIME_OF_DAY}')")).message("spec.window.endTime must be a time of day such as 06:00, 06:00:00, 6 or 6am"))]
     pub end_time: Option<String>,
     /// IANA time zone of the window (UTC when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_zone: Option<String>,
 }
 
-/// Upstream's schema for window days: 1 to 7 of the names it knows.
+/// Window days: at most 7 of the names kured knows (any case). Checked by
+/// a rule, not an enum, so a bad day is refused with its own message alone
+/// (a schema error would skip the Plan's other rules and say so too).
 fn weekdays(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "array",
-        "minItems": 1,
         "maxItems": 7,
         "items": {
             "type": "string",
-            "enum": [
-                "0", "su", "sun", "sunday", "1", "mo", "mon", "monday", "2", "tu", "tue", "tuesday",
-                "3", "we", "wed", "wednesday", "4", "th", "thu", "thursday", "5", "fr", "fri", "friday",
-                "6", "sa", "sat", "saturday"
-            ]
+            "maxLength": 16,
+            "x-kubernetes-validations": [{
+                "rule": "self.lowerAscii() in ['', '0', 'su', 'sun', 'sunday', '1', 'mo', 'mon', 'monday', '2', 'tu', 'tue', 'tuesday', '3', 'we', 'wed', 'wednesday', '4', 'th', 'thu', 'thursday', '5', 'fr', 'fri', 'friday', '6', 'sa', 'sat', 'saturday']",
+                "message": "spec.window.days: Invalid weekday (sunday to saturday, su, sun or 0 to 6)"
+            }]
         }
     })
 }
 
 /// 24-hour `H:MM[:SS]` or 12-hour `H[:MM][am|pm]`.
-const TIME_OF_DAY: &str =
-    "^(([01]?[0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?|(0?[1-9]|1[0-2])(:[0-5][0-9])?\\\\s?(am|pm|AM|PM))$";
+const TIME_OF_DAY: &str = "^(([01]?[0-9]|2[0-3])(:[0-5][0-9](:[0-5][0-9])?)?|(0?[0-9]|1[0-2])(am|pm)|(0[0-9]|1[0-2]):[0-5][0-9](am|pm))$";
 
 /// What the plan controller last saw and did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -25,6 +25,7 @@ use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{
     MaintenanceObject, MaintenancePhase, NodeMaintenanceStatus, kubevirt, medik8s, parse_duration,
 };
+use crate::drain::kubectl::{self, KubectlDrain};
 use crate::drain::node::{self as quarantine, Quarantine};
 use crate::drain::{DrainEngine, DrainOptions, DrainOutcome, DrainStatus};
 use crate::error::{Category, Error, Result};
@@ -569,6 +570,7 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         let options = DrainOptions {
             timeout: obj.drain_timeout().and_then(parse_duration),
             on_timeout: obj.on_drain_timeout(),
+            kubectl: plan_drain(obj.annotations()),
             ..DrainOptions::default()
         };
         let (queue, me) = (self.queue.clone(), key.clone());
@@ -1008,6 +1010,15 @@ pub fn keys_for_node<M: MaintenanceObject>(store: &Store<M>, node: &Node) -> Vec
 /// Adds the node index to a NodeMaintenance store.
 pub fn index_by_node<M: MaintenanceObject>(store: &Store<M>) {
     store.add_index(NODE_INDEX, |m: &M| vec![m.node_name().to_string()]);
+}
+
+/// A Plan's NodeMaintenance drains by kubectl's rules with the Plan's
+/// options (its annotation); any other keeps NodeMaintenance's rules. An
+/// annotation that does not parse gets kubectl's strictest rules: it can
+/// only come from a Plan, and the strict rules remove nothing a Plan would keep.
+fn plan_drain(annotations: &BTreeMap<String, String>) -> Option<KubectlDrain> {
+    let raw = annotations.get(kubectl::ANNOTATION)?;
+    Some(serde_json::from_str(raw).unwrap_or_default())
 }
 
 #[cfg(test)]

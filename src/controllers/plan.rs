@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use jiff::Timestamp;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -31,6 +30,7 @@ use super::{App, node_is_ready};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::plan::{NodeUpgrade, Plan, PlanStatus, node_label};
+use crate::drain::kubectl::{self, KubectlDrain};
 use crate::drain::node::{Quarantine, recorded_changes};
 use crate::drain::pods::selector_matches;
 use crate::error::{Error, Result};
@@ -43,7 +43,8 @@ use crate::telemetry::metrics::{
 };
 use crate::telemetry::trace::{self, SpanRecord, TRACEPARENT_ANNOTATION, TraceParent};
 use crate::upgrade::job::{
-    HOSTNAME_LABEL, JobDefaults, inherited_labels, job_name, parse_go_duration, upgrade_job,
+    HOSTNAME_LABEL, JobDefaults, STEP_LABEL, inherited_labels, job_name, parse_go_duration, prepare_job,
+    prepare_job_name, upgrade_job,
 };
 use crate::upgrade::schedule::{
     self, Candidate, JobState, Maintenance, NodeDecision, NodeFacts, Phase, Prep, Step,
@@ -219,7 +220,7 @@ impl Reconciler for PlanReconciler {
                 cs,
                 "Validated",
                 true,
-                "Validated",
+                "PlanIsValid",
                 "the plan is valid",
                 generation,
                 now,
@@ -244,7 +245,7 @@ impl Reconciler for PlanReconciler {
                 &mut status.conditions,
                 "Complete",
                 false,
-                "Error",
+                "NotReady",
                 why,
                 generation,
                 now,
@@ -252,7 +253,11 @@ impl Reconciler for PlanReconciler {
             self.write_status(&plan, status).await?;
             return Ok(Action::RequeueAfter(self.ctx.config.recheck));
         };
-        let hash = hash::plan_hash(&version, &plan.spec, &secrets);
+        // Upstream hashes the Plan as stored; an object that cannot be JSON
+        // has no digest fields (serializing plain data cannot fail).
+        let as_json = serde_json::to_value(&*plan).unwrap_or_default();
+        let account = plan.spec.service_account_name.as_deref().unwrap_or("");
+        let hash = hash::plan_hash(&version, account, &as_json, &secrets);
         status.latest_version = Some(version.clone());
         status.latest_hash = Some(hash.clone());
         let target = Target {
@@ -336,7 +341,13 @@ impl PlanReconciler {
             let counts = node_counts(&status, tally);
             (chosen, blocked, tally.upgraded(), tally.selected(), counts)
         };
-        status.nodes = records(&old, &kept, &chosen, prep_of(plan), &target.hash, now);
+        let first = match (&plan.spec.prepare, prep_of(plan)) {
+            (Some(_), _) => Phase::Preparing,
+            (None, Prep::Drain) => Phase::Draining,
+            (None, Prep::Cordon) => Phase::Cordoning,
+            (None, Prep::Nothing) => Phase::Upgrading,
+        };
+        status.nodes = records(&old, &kept, &chosen, first, &target.hash, now);
         if !released.is_empty() {
             status.last_completion_time = Some(Time(now));
         }
@@ -376,16 +387,25 @@ impl PlanReconciler {
             .iter()
             .find(|a| a.decision.phase == Phase::Failed)
             .map(|a| a.name.as_str());
-        let window_open = target.window.as_ref().is_none_or(|w| w.contains(now));
+        // Upstream's rule: outside the window new nodes still start while
+        // any node of the plan is applying.
+        let window_open = target.window.as_ref().is_none_or(|w| w.contains(now)) || !kept.is_empty();
         let holder = self.exclusive_holder(plan);
         let delay_until = delay_until(plan, status);
-        let blocked = schedule::start_blocked(failed, window_open, holder.as_deref(), delay_until, now);
-        let concurrency = plan.spec.concurrency.unwrap_or(1).max(0) as usize;
+        let mut blocked = schedule::start_blocked(failed, window_open, holder.as_deref(), delay_until, now);
+        if !window_open && target.window.as_ref().is_some_and(Window::never_opens) {
+            blocked = blocked.map(|b| format!("{b} (it has no days, so it never opens)"));
+        }
+        // Upstream's default is 0, which selects no node (it says nothing; we do).
+        let concurrency = plan.spec.concurrency.unwrap_or(0).max(0) as usize;
         if blocked.is_some() {
             return (Vec::new(), blocked);
         }
         if concurrency == 0 {
-            return (Vec::new(), Some("concurrency is 0: the plan is paused".into()));
+            return (
+                Vec::new(),
+                Some("spec.concurrency is unset or 0: no node starts until it is set".into()),
+            );
         }
         if kept.len() >= concurrency {
             return (Vec::new(), None);
@@ -515,16 +535,26 @@ impl PlanReconciler {
         let plan_name = plan.name_any();
         let ns = plan.namespace().unwrap_or_default();
         let current = job_name(&plan_name, name, hash);
-        let job = self
-            .ctx
-            .jobs
-            .get(&ObjectKey::new(Some(&ns), &current))
-            .map(|j| job_state(&j, name))
+        let job_object = self.ctx.jobs.get(&ObjectKey::new(Some(&ns), &current));
+        let job = job_object
+            .as_deref()
+            .map(|j| job_state(j, name))
             .unwrap_or(JobState::Absent);
+        let prepare_job = plan.spec.prepare.as_ref().map(|_| {
+            self.ctx
+                .jobs
+                .get(&ObjectKey::new(
+                    Some(&ns),
+                    &prepare_job_name(&plan_name, name, hash),
+                ))
+                .map(|j| job_state(&j, name))
+                .unwrap_or(JobState::Absent)
+        });
         let earlier_job_running = self.ctx.jobs.list().iter().any(|j| {
             j.namespace().as_deref() == Some(ns.as_str())
                 && j.labels().get(labels::PLAN) == Some(&plan_name)
                 && j.labels().get(labels::NODE).map(String::as_str) == Some(name)
+                && !j.labels().contains_key(STEP_LABEL)
                 && j.name_any() != current
                 && job_state(j, name) == JobState::Running
         });
@@ -537,8 +567,12 @@ impl PlanReconciler {
         let record = node.as_deref().and_then(recorded_changes);
         let cordoned_by_plan = record.as_ref().is_some_and(|c| c.owner == owner(plan));
         let held_by = record.map(|c| c.owner).filter(|o| *o != owner(plan));
+        let upstream_cordon = node
+            .as_deref()
+            .is_some_and(|n| cordoned_by_upstream(plan, n, job_object.as_deref()));
         let remnants = maintenance != Maintenance::Absent
             || cordoned_by_plan
+            || upstream_cordon
             || job == JobState::Running
             || earlier_job_running;
         NodeFacts {
@@ -551,11 +585,29 @@ impl PlanReconciler {
             cordoned_by_plan,
             held_by,
             job,
+            prepare_job,
             earlier_job_running,
             remnants,
         }
     }
 }
+
+/// Did upstream's Job (a System Upgrade Controller's, taken over) cordon
+/// the node? Its own cordon or drain container did, and upstream uncordons
+/// once the Job completed: a node taken over mid-upgrade gets the same.
+/// Only a node no one recorded a change on (an admin's or another owner's
+/// cordon stays).
+fn cordoned_by_upstream(plan: &Plan, node: &Node, job: Option<&Job>) -> bool {
+    let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+    let upstream_job = job.is_some_and(|j| {
+        j.labels().get(labels::CONTROLLER).map(String::as_str) == Some(UPSTREAM_CONTROLLER)
+            && job_state(j, &node.name_any()) == JobState::Succeeded
+    });
+    unschedulable && upstream_job && prep_of(plan) != Prep::Nothing && recorded_changes(node).is_none()
+}
+
+/// The `upgrade.cattle.io/controller` label of the System Upgrade Controller's Jobs.
+const UPSTREAM_CONTROLLER: &str = "system-upgrade-controller";
 
 /// How the plan prepares a node: drain implies cordon.
 fn prep_of(plan: &Plan) -> Prep {
@@ -628,14 +680,13 @@ fn job_state(job: &Job, node: &str) -> JobState {
         return JobState::Succeeded;
     }
     match find("Failed") {
+        // Upstream's words: "Job <ns>/<name> failed on Node <node>: <reason>: <message>".
         Some(c) => JobState::Failed(format!(
-            "Job {} on node {node} failed: {}{}",
+            "Job {}/{} failed on Node {node}: {}: {}",
+            job.namespace().unwrap_or_default(),
             job.name_any(),
-            c.reason.as_deref().unwrap_or("Failed"),
-            c.message
-                .as_deref()
-                .map(|m| format!(" ({m})"))
-                .unwrap_or_default()
+            c.reason.as_deref().unwrap_or_default(),
+            c.message.as_deref().unwrap_or_default(),
         )),
         None => JobState::Running,
     }
@@ -710,7 +761,7 @@ fn records(
     old: &PlanStatus,
     kept: &[&Applying],
     chosen: &[String],
-    prep: Prep,
+    first: Phase,
     hash: &str,
     now: Timestamp,
 ) -> Vec<NodeUpgrade> {
@@ -734,11 +785,6 @@ fn records(
                 .unwrap_or_else(|| TraceParent::new_root().header()),
         });
     }
-    let first = match prep {
-        Prep::Drain => Phase::Draining,
-        Prep::Cordon => Phase::Cordoning,
-        Prep::Nothing => Phase::Upgrading,
-    };
     out.extend(chosen.iter().map(|name| NodeUpgrade {
         name: name.clone(),
         hash: hash.to_string(),
@@ -773,7 +819,7 @@ fn complete_condition(
             .collect();
         (
             false,
-            "Applying",
+            "SyncJob",
             format!("{upgraded}/{selected} upgraded; {}", nodes.join("; ")),
         )
     } else if upgraded < selected {
@@ -847,8 +893,8 @@ fn next_look(plan: &Plan, status: &PlanStatus, kept: &[&Applying], now: Timestam
     wait
 }
 
-/// Secret name → its data, for the hash.
-type SecretData = BTreeMap<String, BTreeMap<String, ByteString>>;
+/// kubectl's hash of each Secret in the hash, in `spec.secrets` order.
+type SecretData = Vec<String>;
 
 impl PlanReconciler {
     /// What admission could not check: the window's time zone, the
@@ -876,7 +922,7 @@ impl PlanReconciler {
         for name in hash::hashed_secrets(spec) {
             match api.get_opt(name).await {
                 Ok(Some(s)) => {
-                    secrets.insert(name.to_string(), s.data.unwrap_or_default());
+                    secrets.push(hash::secret_hash(&s));
                 }
                 Ok(None) => {
                     return Err(format!(
@@ -936,8 +982,10 @@ impl PlanReconciler {
             Step::Drain => self.create_maintenance(plan, node, target).await,
             Step::Cordon => self.cordon(plan, node).await,
             Step::CreateJob => self.create_job(plan, node, target).await,
+            Step::Prepare => self.create_prepare_job(plan, node, target).await,
+            Step::RetryPrepare => self.retry_prepare(plan, node, target).await,
             Step::Label => self.label(plan, node, target).await,
-            Step::Release => self.release(plan, node).await,
+            Step::Release => self.release(plan, node, &target.hash).await,
         }
     }
 
@@ -956,12 +1004,21 @@ impl PlanReconciler {
             .find(|r| r.name == node)
             .map(|r| r.traceparent.clone())
             .unwrap_or_default();
+        let mut annotations = BTreeMap::new();
+        if !traceparent.is_empty() {
+            annotations.insert(TRACEPARENT_ANNOTATION.to_string(), traceparent);
+        }
+        // The drain follows kubectl's rules with the plan's options, as upstream's.
+        let drain = KubectlDrain::of(&plan.spec.drain.clone().unwrap_or_default());
+        annotations.insert(
+            kubectl::ANNOTATION.to_string(),
+            serde_json::to_string(&drain).unwrap_or_default(),
+        );
         let m = medik8s::NodeMaintenance {
             metadata: ObjectMeta {
                 name: Some(maintenance_name(plan, node)),
                 labels: Some(labels),
-                annotations: (!traceparent.is_empty())
-                    .then(|| BTreeMap::from([(TRACEPARENT_ANNOTATION.to_string(), traceparent)])),
+                annotations: Some(annotations),
                 ..Default::default()
             },
             spec: medik8s::NodeMaintenanceSpec {
@@ -1056,6 +1113,61 @@ impl PlanReconciler {
         }
     }
 
+    /// The node's prepare Job, before anything else is done to it.
+    async fn create_prepare_job(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
+        let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node)) else {
+            return Ok(());
+        };
+        let hostname = current
+            .labels()
+            .get(HOSTNAME_LABEL)
+            .cloned()
+            .unwrap_or_else(|| node.to_string());
+        let Some(job) = prepare_job(
+            plan,
+            node,
+            &hostname,
+            &target.version,
+            &target.hash,
+            &self.ctx.config.jobs,
+        ) else {
+            return Ok(());
+        };
+        let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
+        match api.create(&PostParams::default(), &job).await {
+            Ok(j) => {
+                self.event(
+                    plan,
+                    EventType::Normal,
+                    "SyncJob",
+                    format!("Job {} prepares node {node}", j.name_any()),
+                );
+                Ok(())
+            }
+            // Created before (by this replica or the last leader): one per node and hash.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A failed prepare Job is reported and deleted, and the next pass
+    /// makes it again: upstream recreates a failed Job, and a prepare that
+    /// waits for something (the servers of a k3s pair) must go on waiting.
+    /// Nothing has been cordoned or drained yet, so nothing waits on it.
+    async fn retry_prepare(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
+        let ns = plan.namespace().unwrap_or_default();
+        let name = prepare_job_name(&plan.name_any(), node, &target.hash);
+        let Some(job) = self.ctx.jobs.get(&ObjectKey::new(Some(&ns), &name)) else {
+            return Ok(());
+        };
+        if let JobState::Failed(why) = job_state(&job, node) {
+            self.event(plan, EventType::Warning, "JobFailed", format!("{why}; retrying"));
+        }
+        let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
+        super::delete_if_present(&api, &name, &background_deletion(&job)).await?;
+        Ok(())
+    }
+
     /// The node gets the hash and postCompleteLabels (with the version and hash expanded).
     async fn label(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
         let mut labels = serde_json::Map::new();
@@ -1104,7 +1216,7 @@ impl PlanReconciler {
     /// Undoes exactly what the plan did on `node`: its NodeMaintenance
     /// (whose undo uncordons only if it cordoned), its cordon record, its
     /// unfinished Jobs.
-    async fn release(&self, plan: &Plan, node: &str) -> Result<()> {
+    async fn release(&self, plan: &Plan, node: &str, hash: &str) -> Result<()> {
         let maintenances: Api<medik8s::NodeMaintenance> = Api::all(self.ctx.client.clone());
         // The maintenance there now (a fresh list: the role may not get
         // them), deleted by its UID: a delete landing late, after another
@@ -1122,6 +1234,20 @@ impl PlanReconciler {
             && let Some(restored) = crate::drain::node::undo(&current, &owner(plan))
         {
             api.replace(node, &PostParams::default(), &restored).await?;
+        } else if let Some(current) = api.get_opt(node).await? {
+            // Upstream's own cordon, lifted as upstream lifts it (on the
+            // resourceVersion read: a late write loses to any change since).
+            let job = self.ctx.jobs.get(&ObjectKey::new(
+                plan.namespace().as_deref(),
+                &job_name(&plan.name_any(), node, hash),
+            ));
+            if cordoned_by_upstream(plan, &current, job.as_deref()) {
+                let mut uncordoned = current.clone();
+                if let Some(spec) = uncordoned.spec.as_mut() {
+                    spec.unschedulable = None;
+                }
+                api.replace(node, &PostParams::default(), &uncordoned).await?;
+            }
         }
         let ns = plan.namespace().unwrap_or_default();
         let jobs: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
@@ -1318,7 +1444,12 @@ impl PlanReconciler {
         }
         for node in &nodes {
             self.ctx.leader.ensure_leader()?;
-            self.release(plan, node).await?;
+            let hash = plan
+                .status
+                .as_ref()
+                .and_then(|s| s.latest_hash.clone())
+                .unwrap_or_default();
+            self.release(plan, node, &hash).await?;
         }
         self.delete_jobs(plan).await?;
         // One fresh list by the plan's labels (what its maintenances carry;
@@ -1377,6 +1508,7 @@ pub fn plan_status_write(plan: &Plan, mut status: PlanStatus) -> Plan {
 /// A phase's span name in the node's trace.
 fn phase_span(phase: &str) -> Option<&'static str> {
     Some(match phase {
+        "Preparing" => "prepare",
         "Cordoning" => "cordon",
         "Draining" => "drain",
         "Upgrading" => "job",

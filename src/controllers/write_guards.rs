@@ -356,6 +356,18 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
     ("controllers/plan.rs", "create_job", "api.create(", CreateOnce),
     (
         "controllers/plan.rs",
+        "create_prepare_job",
+        "api.create(",
+        CreateOnce,
+    ),
+    (
+        "controllers/plan.rs",
+        "retry_prepare",
+        "delete_if_present(",
+        DeletePreconditions,
+    ),
+    (
+        "controllers/plan.rs",
         "label",
         "api.patch(",
         Harmless(
@@ -479,6 +491,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("controllers/sip_cluster.rs", include_str!("sip_cluster.rs")),
     ("drain/budgets.rs", include_str!("../drain/budgets.rs")),
     ("drain/engine.rs", include_str!("../drain/engine.rs")),
+    ("drain/kubectl.rs", include_str!("../drain/kubectl.rs")),
     ("drain/mod.rs", include_str!("../drain/mod.rs")),
     ("drain/node.rs", include_str!("../drain/node.rs")),
     ("drain/pods.rs", include_str!("../drain/pods.rs")),

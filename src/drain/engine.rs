@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::budgets::{BudgetWatch, Freed};
+use super::kubectl::{self, KubectlDrain, Verdict};
 use super::pods::{PodClass, classify, covering_budgets, reference};
 use crate::api::node_maintenance::{DrainBlocker, DrainTimeoutPolicy, PodReference};
 use crate::runtime::backoff::{Backoff, BackoffConfig};
@@ -53,6 +54,8 @@ pub struct DrainOptions {
     pub on_timeout: DrainTimeoutPolicy,
     /// Backoff for refused evictions and API errors.
     pub retry: BackoffConfig,
+    /// A Plan's drain: kubectl's rules and options; None: NodeMaintenance's.
+    pub kubectl: Option<KubectlDrain>,
 }
 
 impl Default for DrainOptions {
@@ -65,6 +68,7 @@ impl Default for DrainOptions {
                 max: Duration::from_secs(10),
                 reset_after: Duration::from_secs(60),
             },
+            kubectl: None,
         }
     }
 }
@@ -354,6 +358,17 @@ fn to_evict(all: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
     pending
 }
 
+/// The pods a Plan's drain removes (kubectl's rules), in a stable order.
+fn to_remove(all: &[Arc<Pod>], opts: &KubectlDrain, now: jiff::Timestamp) -> Vec<Arc<Pod>> {
+    let mut pending: Vec<Arc<Pod>> = all
+        .iter()
+        .filter(|p| kubectl::verdict(p, opts, now) == Verdict::Remove)
+        .cloned()
+        .collect();
+    pending.sort_by_key(|p| reference(p));
+    pending
+}
+
 /// The status's `last_error` after a round: its errors, else the budgets
 /// refusing evictions, else none (the drain is only waiting for pods to go).
 fn round_error(errors: &[String], blocked: &[DrainBlocker]) -> Option<String> {
@@ -487,7 +502,11 @@ impl DrainRun {
             return Step::Done;
         }
         let all = store.list();
-        let pending = to_evict(&all);
+        let now = jiff::Timestamp::now();
+        let pending = match &self.options.kubectl {
+            None => to_evict(&all),
+            Some(k) => to_remove(&all, k, now),
+        };
         if first {
             // The totals are the node's as the drain began; later looks keep them.
             let (total, evict) = (all.len() as i32, pending.len() as i32);
@@ -495,6 +514,19 @@ impl DrainRun {
                 s.progress.total_pods = total;
                 s.progress.eviction_pods = evict;
             });
+        }
+        // kubectl refuses the whole drain while any pod blocks it: nothing
+        // is removed, and the reason names the pods (as the drain Job retries).
+        if let Some(why) = self.options.kubectl.as_ref().and_then(|k| {
+            let pods: Vec<&Pod> = all.iter().map(|p| &**p).collect();
+            kubectl::refusal(&pods, k, now)
+        }) {
+            let refs: Vec<PodReference> = pending.iter().map(|p| reference(p)).collect();
+            self.update(|s| {
+                s.progress.pending = refs;
+                s.progress.last_error = Some(why);
+            });
+            return Step::Wait(self.next_wait(true, backoff, started));
         }
         if pending.is_empty() {
             self.succeed(started);
@@ -535,7 +567,8 @@ impl DrainRun {
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .cloned()
             .collect();
-        let round = if forced {
+        let disable_eviction = self.options.kubectl.as_ref().is_some_and(|k| k.disable_eviction);
+        let round = if forced || disable_eviction {
             self.delete(&to_act).await
         } else {
             self.evict(&to_act).await
@@ -591,7 +624,7 @@ impl DrainRun {
                 let r = reference(&pod);
                 let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
                 let params = EvictParams {
-                    delete_options: Some(only(&pod)),
+                    delete_options: Some(self.delete_params(&pod)),
                     ..Default::default()
                 };
                 let result = api.evict(&r.name, &params).await.map(|_| ());
@@ -622,6 +655,15 @@ impl DrainRun {
         round
     }
 
+    /// The pod's deletion: only this pod (its UID), with a Plan's grace period.
+    fn delete_params(&self, pod: &Pod) -> DeleteParams {
+        let grace = self.options.kubectl.as_ref().and_then(|k| k.grace_period);
+        DeleteParams {
+            grace_period_seconds: grace.and_then(|g| u32::try_from(g).ok()),
+            ..only(pod)
+        }
+    }
+
     /// Keeps pod events for the trace: each eviction, and a pod's first refusal.
     fn record(&self, events: Vec<(&'static str, String)>) {
         let at = std::time::SystemTime::now();
@@ -645,7 +687,7 @@ impl DrainRun {
             }
             let r = reference(pod);
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &r.namespace);
-            match api.delete(&r.name, &only(pod)).await {
+            match api.delete(&r.name, &self.delete_params(pod)).await {
                 Ok(_) => {
                     round.forced += 1;
                     self.record(vec![("deleted", format!("{}/{}", r.namespace, r.name))]);
@@ -657,7 +699,7 @@ impl DrainRun {
             }
         }
         if round.forced > 0 {
-            tracing::warn!(node = %self.node, pods = round.forced, "drain timed out: deleted the remaining pods");
+            tracing::warn!(node = %self.node, pods = round.forced, "drain deleted pods (past its timeout, or a Plan's disableEviction)");
         }
         round
     }

@@ -2,11 +2,13 @@
 //! undo ([`node`]), which pods a drain evicts and which PodDisruptionBudgets
 //! cover them ([`pods`]), and the drain engine that evicts them through the
 //! Eviction API ([`engine`]), woken when a refusing budget frees up
-//! ([`budgets`]). The NodeMaintenance controller is its one user;
+//! ([`budgets`]). A Plan's drain follows kubectl's rules instead
+//! ([`kubectl`]). The NodeMaintenance controller is its one user;
 //! a node replacement drains its old node through a NodeMaintenance.
 
 pub mod budgets;
 pub mod engine;
+pub mod kubectl;
 pub mod node;
 pub mod pods;
 

@@ -49,8 +49,58 @@ pub fn job_name(plan: &str, node: &str, hash: &str) -> String {
     super::safe_concat_name(&["apply", plan, "on", short, "with", hash])
 }
 
+/// The name of the Job that runs a plan's `prepare` on a node before it
+/// is cordoned or drained.
+pub fn prepare_job_name(plan: &str, node: &str, hash: &str) -> String {
+    let short = node.split('.').next().unwrap_or(node);
+    super::safe_concat_name(&["prepare", plan, "on", short, "with", hash])
+}
+
+/// On a Job: how long it stays once finished (upstream's annotation).
+pub const TTL_ANNOTATION: &str = "upgrade.cattle.io/ttl-seconds-after-finished";
+
+/// On a prepare Job: which step of the node's upgrade it runs.
+pub const STEP_LABEL: &str = "nodewarden.dev/step";
+
+/// The Job that runs the plan's `prepare` container on `node`, before the
+/// node is cordoned or drained (upstream's order: prepare, drain, upgrade).
+/// It is the upgrade Job with `prepare` as its one container.
+pub fn prepare_job(
+    plan: &Plan,
+    node: &str,
+    hostname: &str,
+    version: &str,
+    hash: &str,
+    defaults: &JobDefaults,
+) -> Option<Job> {
+    let prepare = plan.spec.prepare.as_ref()?;
+    let mut job = upgrade_job(plan, node, hostname, version, hash, defaults);
+    let name = plan.metadata.name.clone().unwrap_or_default();
+    job.metadata.name = Some(prepare_job_name(&name, node, hash));
+    for labels in [
+        job.metadata.labels.as_mut(),
+        job.spec
+            .as_mut()
+            .and_then(|s| s.template.metadata.as_mut())
+            .and_then(|m| m.labels.as_mut()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        labels.insert(STEP_LABEL.into(), "prepare".into());
+    }
+    let env = plan_env(&name, version, hash);
+    let mounts = base_mounts(plan);
+    if let Some(pod) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        pod.init_containers = None;
+        pod.containers = vec![container("prepare", prepare, version, &env, &mounts)];
+    }
+    Some(job)
+}
+
 /// The Job applying `plan` at `version`/`hash` on `node` (whose
-/// `kubernetes.io/hostname` label is `hostname`).
+/// `kubernetes.io/hostname` label is `hostname`). A plan's `prepare` runs
+/// in a Job of its own before ([`prepare_job`]), so it is not repeated here.
 pub fn upgrade_job(
     plan: &Plan,
     node: &str,
@@ -78,18 +128,27 @@ pub fn upgrade_job(
     } else {
         (labels::PLAN, name.clone())
     };
+    // Upstream copies the plan's annotations (not its own cattle.io/ or
+    // kubectl's) to the Job and pod, and notes the TTL on the Job.
+    let copied: BTreeMap<String, String> = plan
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !k.contains("cattle.io/") && !k.contains("kubectl.kubernetes.io/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut job_annotations = copied.clone();
+    job_annotations.insert(TTL_ANNOTATION.into(), ttl.to_string());
     let env = plan_env(&name, version, hash);
     let mounts = base_mounts(plan);
-    let mut init_containers = Vec::new();
-    if let Some(prepare) = &spec.prepare {
-        init_containers.push(container("prepare", prepare, version, &env, &mounts));
-    }
     let upgrade = container("upgrade", &spec.upgrade, version, &env, &mounts);
     Job {
         metadata: ObjectMeta {
             name: Some(job_name(&name, node, hash)),
             namespace: plan.metadata.namespace.clone(),
             labels: Some(job_labels.clone()),
+            annotations: Some(job_annotations),
             owner_references: owner(plan).map(|o| vec![o]),
             ..Default::default()
         },
@@ -102,6 +161,7 @@ pub fn upgrade_job(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(job_labels),
+                    annotations: (!copied.is_empty()).then_some(copied),
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
@@ -117,7 +177,6 @@ pub fn upgrade_job(
                     volumes: Some(volumes(plan)),
                     image_pull_secrets: (!spec.image_pull_secrets.is_empty())
                         .then(|| spec.image_pull_secrets.clone()),
-                    init_containers: (!init_containers.is_empty()).then_some(init_containers),
                     containers: vec![upgrade],
                     ..Default::default()
                 }),
@@ -290,6 +349,16 @@ fn volumes(plan: &Plan) -> Vec<Volume> {
     volumes
 }
 
+/// Where a Secret is mounted (upstream's rule): its absolute `path`, else
+/// under `/run/system-upgrade/secrets/` (by `path`, or by name when empty).
+pub fn secret_path(name: &str, path: &str) -> String {
+    match path {
+        "" => format!("/run/system-upgrade/secrets/{name}"),
+        p if p.starts_with('/') => p.to_string(),
+        p => format!("/run/system-upgrade/secrets/{}", p.trim_start_matches("./")),
+    }
+}
+
 fn secret_volume(name: &str) -> String {
     super::safe_concat_name(&["secret", name])
 }
@@ -311,7 +380,7 @@ fn base_mounts(plan: &Plan) -> Vec<VolumeMount> {
     ];
     mounts.extend(plan.spec.secrets.iter().map(|s| VolumeMount {
         name: secret_volume(&s.name),
-        mount_path: s.path.clone(),
+        mount_path: secret_path(&s.name, &s.path),
         read_only: Some(true),
         ..Default::default()
     }));
@@ -345,7 +414,9 @@ fn plan_env(plan: &str, version: &str, hash: &str) -> Vec<EnvVar> {
     ]
 }
 
-/// One container: privileged with CAP_SYS_BOOT unless the plan gives a securityContext.
+/// One container. The upgrade container is privileged with CAP_SYS_BOOT
+/// unless the plan gives a securityContext; `prepare` gets only the plan's
+/// (upstream: none by default).
 fn container(
     name: &str,
     spec: &ContainerSpec,
@@ -353,6 +424,18 @@ fn container(
     env: &[EnvVar],
     mounts: &[VolumeMount],
 ) -> Container {
+    let privileged = || SecurityContext {
+        privileged: Some(true),
+        capabilities: Some(Capabilities {
+            add: Some(vec!["CAP_SYS_BOOT".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let security_context = match name {
+        "upgrade" => Some(spec.security_context.clone().unwrap_or_else(privileged)),
+        _ => spec.security_context.clone(),
+    };
     let mut all_env = env.to_vec();
     all_env.extend(spec.envs.iter().cloned());
     let mut all_mounts = mounts.to_vec();
@@ -370,14 +453,7 @@ fn container(
         env_from: (!spec.env_from.is_empty()).then(|| spec.env_from.clone()),
         volume_mounts: Some(all_mounts),
         image_pull_policy: Some("IfNotPresent".into()),
-        security_context: Some(spec.security_context.clone().unwrap_or_else(|| SecurityContext {
-            privileged: Some(true),
-            capabilities: Some(Capabilities {
-                add: Some(vec!["CAP_SYS_BOOT".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })),
+        security_context,
         ..Default::default()
     }
 }
@@ -518,6 +594,65 @@ mod tests {
             job.metadata.owner_references.map(|o| o[0].uid.clone()),
             Some("uid-1".into())
         );
+    }
+
+    #[test]
+    fn annotations_secrets_and_prepare_as_upstream() {
+        let mut p = plan();
+        p.metadata.annotations = Some(BTreeMap::from([
+            ("example.com/owner".to_string(), "ops".to_string()),
+            (
+                "upgrade.cattle.io/digest".to_string(),
+                "spec.upgrade.image".to_string(),
+            ),
+            (
+                "kubectl.kubernetes.io/last-applied-configuration".to_string(),
+                "{}".to_string(),
+            ),
+        ]));
+        p.spec.prepare = Some(ContainerSpec {
+            image: "rancher/k3s-upgrade".into(),
+            args: vec!["prepare".into(), "k3s-server".into()],
+            ..Default::default()
+        });
+        let d = JobDefaults::default();
+        let job = upgrade_job(&p, "n1", "n1", "v1", "h", &d);
+        let annotations = job.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            annotations,
+            BTreeMap::from([
+                ("example.com/owner".to_string(), "ops".to_string()),
+                (TTL_ANNOTATION.to_string(), "900".to_string()),
+            ])
+        );
+        let template = job.spec.clone().expect("a spec").template;
+        let pod_annotations = template.metadata.and_then(|m| m.annotations).unwrap_or_default();
+        assert_eq!(pod_annotations.keys().collect::<Vec<_>>(), ["example.com/owner"]);
+        let pod = template.spec.expect("a pod");
+        assert!(pod.init_containers.is_none(), "prepare runs in a Job of its own");
+        let prep = prepare_job(&p, "n1", "n1", "v1", "h", &d).expect("a prepare Job");
+        let prep_pod = prep.spec.expect("a spec").template.spec.expect("a pod");
+        assert_eq!(prep_pod.containers[0].name, "prepare");
+        assert_eq!(
+            prep_pod.containers[0].security_context, None,
+            "not privileged by default"
+        );
+        assert!(
+            pod.containers[0]
+                .security_context
+                .as_ref()
+                .and_then(|c| c.privileged)
+                == Some(true)
+        );
+        let table = [
+            ("creds", "/creds", "/creds"),
+            ("creds", "creds", "/run/system-upgrade/secrets/creds"),
+            ("creds", "sub/dir", "/run/system-upgrade/secrets/sub/dir"),
+            ("creds", "", "/run/system-upgrade/secrets/creds"),
+        ];
+        for (name, path, want) in table {
+            assert_eq!(secret_path(name, path), want, "{path:?}");
+        }
     }
 
     #[test]

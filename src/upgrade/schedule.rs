@@ -79,6 +79,8 @@ pub struct NodeFacts {
     pub held_by: Option<String>,
     /// Its Job for the current hash.
     pub job: JobState,
+    /// Its prepare Job for the current hash (None: the plan has no `prepare`).
+    pub prepare_job: Option<JobState>,
     /// A Job of an earlier hash still runs on it.
     pub earlier_job_running: bool,
     /// Something this plan put on it is still there: its NodeMaintenance
@@ -95,6 +97,11 @@ pub enum Step {
     Cordon,
     /// Create its NodeMaintenance.
     Drain,
+    /// Create its prepare Job (before any cordon or drain).
+    Prepare,
+    /// Delete its failed prepare Job, so the next pass makes it again
+    /// (upstream recreates a failed Job).
+    RetryPrepare,
     /// Create its Job.
     CreateJob,
     /// Label it with the hash and postCompleteLabels.
@@ -108,6 +115,8 @@ pub enum Step {
 /// A node's phase in `status.nodes` (and its trace's span names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
+    /// Its prepare Job runs (nothing else is done to it yet).
+    Preparing,
     /// Being cordoned.
     Cordoning,
     /// Being drained.
@@ -126,6 +135,7 @@ impl Phase {
     /// The name in status.
     pub fn as_str(self) -> &'static str {
         match self {
+            Phase::Preparing => "Preparing",
             Phase::Cordoning => "Cordoning",
             Phase::Draining => "Draining",
             Phase::Upgrading => "Upgrading",
@@ -210,7 +220,12 @@ fn decide(
             Step::Wait,
             "the Job of the plan's previous version is still running",
         ),
-        JobState::Absent => prepare(prep, node),
+        JobState::Absent => match &node.prepare_job {
+            Some(JobState::Absent) => decision(Phase::Preparing, Step::Prepare, "starting its prepare Job"),
+            Some(JobState::Running) => decision(Phase::Preparing, Step::Wait, "its prepare Job runs"),
+            Some(JobState::Failed(why)) => decision(Phase::Preparing, Step::RetryPrepare, why.clone()),
+            Some(JobState::Succeeded) | None => prepare(prep, node),
+        },
     }
 }
 
@@ -365,6 +380,7 @@ mod tests {
             cordoned_by_plan: false,
             held_by: None,
             job: JobState::Absent,
+            prepare_job: None,
             earlier_job_running: false,
             remnants: true,
         }
@@ -436,6 +452,11 @@ mod tests {
             ("deselected, recorded: release", Prep::Drain, with(&|n| { n.selected = false; n.job = JobState::Running; }), Some(&releasing), 0, Phase::Releasing, Step::Release),
             ("released: finish", Prep::Drain, with(&|n| { n.hash_label = Some(H.into()); n.remnants = false; }), Some(&labelled), 110, Phase::Releasing, Step::Finish),
             ("deselected, nothing left: finish", Prep::Drain, with(&|n| { n.selected = false; n.remnants = false; }), None, 0, Phase::Releasing, Step::Finish),
+            ("prepare before the drain", Prep::Drain, with(&|n| n.prepare_job = Some(JobState::Absent)), None, 0, Phase::Preparing, Step::Prepare),
+            ("prepare runs: no drain yet", Prep::Drain, with(&|n| n.prepare_job = Some(JobState::Running)), None, 0, Phase::Preparing, Step::Wait),
+            ("prepare failed: retried", Prep::Drain, with(&|n| n.prepare_job = Some(JobState::Failed("deadline".into()))), None, 0, Phase::Preparing, Step::RetryPrepare),
+            ("prepared: drain", Prep::Drain, with(&|n| n.prepare_job = Some(JobState::Succeeded)), None, 0, Phase::Draining, Step::Drain),
+            ("prepared, drained: job", Prep::Drain, with(&|n| { n.prepare_job = Some(JobState::Succeeded); n.maintenance = Maintenance::Succeeded; }), None, 0, Phase::Upgrading, Step::CreateJob),
             ("no prep, settled: finish", Prep::Nothing, with(&|n| { n.hash_label = Some(H.into()); n.remnants = false; }), Some(&labelled), 110, Phase::Releasing, Step::Finish),
         ];
         for (what, prep, n, rec, now, phase, step) in table {
