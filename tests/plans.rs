@@ -1358,3 +1358,60 @@ async fn a_server_and_agent_pair_drains_no_agent_before_its_prepare_finished() {
     operator.stop().await;
     env.cleanup().await;
 }
+
+/// Upstream recreates a failed Job once its TTL removed it, and reports
+/// each failure: the node stays cordoned meanwhile and the upgrade runs
+/// again until it succeeds.
+#[tokio::test]
+async fn a_failed_job_is_made_again_once_its_ttl_removed_it() {
+    let env = TestEnv::new("plan-retry").await;
+    let nodes = env.create_kwok_nodes(1, &[("retry", "yes")]).await;
+    let n = nodes[0].clone();
+    // Its pods stay Pending, so the Job fails at its deadline.
+    set_taint(&env, &n, hold()).await;
+    let mut config = env.operator_config(Default::default(), None, "operator");
+    config.plans.jobs.ttl_after_finished_secs = 2;
+    let operator = env.start_operator_from(config).await;
+    let spec = json!({
+        "concurrency": 1, "version": "v2", "cordon": true, "jobActiveDeadlineSecs": 2,
+        "nodeSelector": {"matchLabels": {"retry": "yes"}},
+        "upgrade": upgrade("example.invalid/upgrade"),
+    });
+    create_plan(&env, "retry", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    let message = wait_condition(&env, "retry", "Complete", "False", "JobFailed").await;
+    assert!(message.contains(" failed on Node "), "{message}");
+    // Each failed Job is removed by its TTL and made again: two Jobs of the
+    // same name, one after the other, the node cordoned all along.
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    wait_for("a second Job after the first failed", TIMEOUT, || {
+        let seen = seen.clone();
+        let env = &env;
+        let n = n.clone();
+        async move {
+            for j in jobs_on(env, &n).await {
+                if let Some(uid) = j.metadata.uid.clone() {
+                    seen.lock().expect("the set").insert(uid);
+                }
+            }
+            let count = seen.lock().expect("the set").len();
+            match count >= 2 {
+                true => Probe::Done(()),
+                false => Probe::NotYet(format!("{count} Jobs seen")),
+            }
+        }
+    })
+    .await;
+    assert!(
+        cordoned(&node(&env, &n).await),
+        "the node stays cordoned between tries"
+    );
+    // The cause goes away: the next try succeeds.
+    patch_plan(&env, "retry", json!({"jobActiveDeadlineSecs": 0})).await;
+    set_taint(&env, &n, json!(null)).await;
+    wait_upgraded(&env, &env.namespace, "retry", &nodes, TIMEOUT).await;
+    delete_plan_and_wait(&env, &env.namespace, "retry").await;
+    operator.stop().await;
+    env.cleanup().await;
+}

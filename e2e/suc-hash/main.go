@@ -59,7 +59,7 @@ func main() {
 	// (omitted by Go), a label and a path that does not exist.
 	show("secret_digest", &v1.Plan{
 		ObjectMeta: metav1.ObjectMeta{Name: "k3s-server", Namespace: "system-upgrade",
-			Labels: map[string]string{"tier": "gold"},
+			Labels:      map[string]string{"tier": "gold"},
 			Annotations: map[string]string{"upgrade.cattle.io/digest": "spec.upgrade.image,spec.upgrade.envs,spec.concurrency,spec.cordon,metadata.labels.tier,spec.missing"}},
 		Spec: v1.PlanSpec{Concurrency: 2, ServiceAccountName: "system-upgrade", Version: "v1.33.1+k3s1",
 			Secrets: []v1.SecretSpec{{Name: "env", Path: "/host/env"}, {Name: "skipped", Path: "skip", IgnoreUpdates: true}},

@@ -200,14 +200,10 @@ fn decide(
     if !node.selected {
         return decision(Phase::Releasing, Step::Release, "no longer selected by the plan");
     }
-    // A failed Job holds until the plan changes (a new hash): the node
-    // stays cordoned for someone to look at, and the plan goes no further.
-    // A failed drain holds while its maintenance says so.
-    if let Some(r) = record.filter(|r| {
-        r.phase == Phase::Failed.as_str() && r.hash == hash && !r.message.starts_with(DRAIN_FAILED)
-    }) {
-        return decision(Phase::Failed, Step::Wait, r.message.clone());
-    }
+    // A failed Job holds while it exists: the node stays cordoned and no
+    // further node starts. Once it is gone (its TTL, upstream's 900 s by
+    // default) it is made again, as upstream recreates a failed Job; each
+    // failure is reported. A failed drain holds while its maintenance says so.
     if node.hash_label.as_deref() == Some(hash) {
         return health_gate(node, record, now, settle);
     }
@@ -439,7 +435,7 @@ mod tests {
             ("job failed", Prep::Drain, with(&|n| n.job = JobState::Failed("x".into())), None, 0, Phase::Failed, Step::Wait),
             ("a drain failure lasts while the drain fails", Prep::Drain, with(&|n| n.maintenance = Maintenance::Failed("pdb x".into())), Some(&drain_failed), 0, Phase::Failed, Step::Wait),
             ("a drain that failed and then finished goes on", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&drain_failed), 0, Phase::Upgrading, Step::CreateJob),
-            ("failure holds though the job is gone", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&failed), 0, Phase::Failed, Step::Wait),
+            ("a failed job gone (its TTL) is made again, as upstream", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&failed), 0, Phase::Upgrading, Step::CreateJob),
             ("a new hash retries", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&failed_old), 0, Phase::Upgrading, Step::CreateJob),
             ("earlier job first", Prep::Drain, with(&|n| n.earlier_job_running = true), None, 0, Phase::Upgrading, Step::Wait),
             ("job done: label", Prep::Drain, with(&|n| n.job = JobState::Succeeded), None, 0, Phase::WaitingReady, Step::Label),
