@@ -51,6 +51,43 @@ async fn twenty_kwok_nodes_become_ready() {
 async fn scheduler_places_a_deployment_on_kwok_nodes() {
     let env = TestEnv::new("deployment").await;
     let nodes = env.create_kwok_nodes(5, &[]).await;
+    // Every node schedulable before the pods come: a node kwok has not made
+    // Ready yet (or whose not-ready taint is not lifted yet) is filtered out,
+    // and 10 pods created a moment after the nodes all landed on the one
+    // node that was.
+    let node_api: Api<Node> = Api::all(env.client.clone());
+    let selector = env.run_selector();
+    wait_for(
+        "the 5 nodes to be Ready and untainted",
+        Duration::from_secs(60),
+        || async {
+            match node_api.list(&ListParams::default().labels(&selector)).await {
+                Ok(list) => {
+                    let schedulable = list
+                        .items
+                        .iter()
+                        .filter(|n| node_is_ready(n))
+                        .filter(|n| {
+                            n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| {
+                                t.iter()
+                                    .all(|t| t.effect != "NoSchedule" && t.effect != "NoExecute")
+                            })
+                        })
+                        .count();
+                    if schedulable == 5 {
+                        Probe::Done(())
+                    } else {
+                        Probe::NotYet(format!(
+                            "{} nodes, {schedulable} Ready and untainted",
+                            list.items.len()
+                        ))
+                    }
+                }
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        },
+    )
+    .await;
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
     // Only this test's nodes: parallel tests have kwok nodes too.
     env.create_deployment("web", 10, json!({support::RUN_LABEL: env.id}))
