@@ -12,7 +12,7 @@ use nodewarden::controllers::plan::PlanConfig;
 use nodewarden::operator::{self, OperatorConfig};
 use nodewarden::runtime::leader::LeaderElectionConfig;
 use nodewarden::simcloud::SimCloudArgs;
-use nodewarden::upgrade::job::JobDefaults;
+use nodewarden::upgrade::job::{self, JobDefaults};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -152,6 +152,25 @@ struct RunArgs {
     /// Retries of a failed upgrade pod before its Job fails.
     #[arg(long, default_value_t = 2)]
     plan_job_backoff_limit: i32,
+    /// The most activeDeadlineSeconds an upgrade Job gets (0: no maximum).
+    #[arg(
+        long,
+        env = "SYSTEM_UPGRADE_JOB_ACTIVE_DEADLINE_SECONDS_MAX",
+        default_value_t = 0
+    )]
+    plan_job_deadline_max: i64,
+    /// The upgrade Jobs' `upgrade.cattle.io/controller` label: the System
+    /// Upgrade Controller's name, so tools that select its Jobs find them.
+    #[arg(long, env = "SYSTEM_UPGRADE_CONTROLLER_NAME", default_value = job::UPSTREAM_CONTROLLER)]
+    plan_controller_name: String,
+    /// The upgrade Jobs' podReplacementPolicy.
+    #[arg(
+        long,
+        env = "SYSTEM_UPGRADE_JOB_POD_REPLACEMENT_POLICY",
+        default_value = "TerminatingOrFailed",
+        value_parser = ["TerminatingOrFailed", "Failed"]
+    )]
+    plan_job_pod_replacement_policy: String,
     /// Serve the validating admission webhook (HTTPS) on this address, e.g.
     /// 0.0.0.0:9443; unset: no webhook.
     #[arg(long, env = "NODEWARDEN_WEBHOOK_ADDR")]
@@ -337,6 +356,9 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             jobs: JobDefaults {
                 active_deadline_secs: args.plan_job_deadline,
                 backoff_limit: args.plan_job_backoff_limit,
+                active_deadline_max_secs: args.plan_job_deadline_max,
+                controller_name: args.plan_controller_name,
+                pod_replacement_policy: args.plan_job_pod_replacement_policy,
                 ..Default::default()
             },
             ..Default::default()

@@ -933,8 +933,10 @@ const SUC_SEED_HASH: &str = "867d9ef93211def3a0eb54ef368e8d3d130444f08a835c02a06
 
 /// A cluster the System Upgrade Controller upgraded: two nodes carry its
 /// hash label for seed 003's Plan, and on a third its Job still runs (with
-/// `status.applying` naming it, as SUC leaves them). nodewarden takes over
-/// without touching the upgraded nodes and without a second Job.
+/// `status.applying` naming it by its hostname label, as SUC leaves them;
+/// the label differs from the node's name, as on clouds that name nodes by
+/// their FQDN). nodewarden takes over without touching the upgraded nodes
+/// and without a second Job, and keeps `status.applying` in upstream's terms.
 #[tokio::test]
 async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
     let env = TestEnv::new("plan-takeover").await;
@@ -947,6 +949,7 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
         .create_kwok_nodes(1, &[(label, ""), ("k3os.io/mode", "local")])
         .await;
     let busy = running[0].clone();
+    let busy_host = format!("{busy}-host");
     // Its Job's pod stays Pending until the test lifts this taint; its
     // drain container had cordoned the node.
     set_taint(&env, &busy, hold()).await;
@@ -954,7 +957,10 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
         .patch(
             &busy,
             &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"unschedulable": true}})),
+            &Patch::Merge(&json!({
+                "metadata": {"labels": {"kubernetes.io/hostname": busy_host}},
+                "spec": {"unschedulable": true},
+            })),
         )
         .await
         .expect("cordoning as SUC's drain did");
@@ -978,7 +984,7 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
             "k3os-latest",
             &PatchParams::default(),
             &Patch::Merge(&json!({"status": {
-                "latestVersion": "v0.9.0-dev", "latestHash": SUC_SEED_HASH, "applying": [busy],
+                "latestVersion": "v0.9.0-dev", "latestHash": SUC_SEED_HASH, "applying": [busy_host],
             }})),
         )
         .await
@@ -1000,7 +1006,7 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
             "metadata": {"labels": {"upgrade.cattle.io/plan": "k3os-latest", "upgrade.cattle.io/node": busy}},
             "spec": {
                 "restartPolicy": "Never",
-                "nodeSelector": {"kubernetes.io/hostname": busy},
+                "nodeSelector": {"kubernetes.io/hostname": busy_host},
                 "tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [{"name": "upgrade", "image": "rancher/k3os:v0.9.0-dev"}],
             },
@@ -1028,6 +1034,17 @@ async fn takeover_from_the_system_upgrade_controller_reruns_nothing() {
         }
     })
     .await;
+    let status = plans(&env, &env.namespace)
+        .get("k3os-latest")
+        .await
+        .expect("the plan")
+        .status
+        .unwrap_or_default();
+    assert_eq!(
+        status.applying,
+        vec![busy_host.clone()],
+        "upstream's terms: hostname label values"
+    );
     let untouched =
         |n: &Node| !cordoned(n) && n.labels().get(label).map(String::as_str) == Some(SUC_SEED_HASH);
     for n in &done {

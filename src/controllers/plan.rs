@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{
     Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, PropagationPolicy,
@@ -43,8 +43,8 @@ use crate::telemetry::metrics::{
 };
 use crate::telemetry::trace::{self, SpanRecord, TRACEPARENT_ANNOTATION, TraceParent};
 use crate::upgrade::job::{
-    HOSTNAME_LABEL, JobDefaults, STEP_LABEL, inherited_labels, job_name, parse_go_duration, prepare_job,
-    prepare_job_name, upgrade_job,
+    HOSTNAME_LABEL, JobDefaults, JobNode, STEP_LABEL, inherited_labels, job_name, parse_go_duration,
+    prepare_job, prepare_job_name, upgrade_job,
 };
 use crate::upgrade::schedule::{
     self, Candidate, JobState, Maintenance, NodeDecision, NodeFacts, Phase, Prep, Step,
@@ -136,6 +136,7 @@ pub fn register(manager: &mut Manager, app: &App) {
             channels: Mutex::default(),
             exclusive: tokio::sync::Mutex::new(()),
             exclusive_applying: Mutex::default(),
+            cluster_id: tokio::sync::OnceCell::new(),
         }),
     });
 }
@@ -176,6 +177,8 @@ struct PlanContext {
     exclusive: tokio::sync::Mutex<()>,
     /// Exclusive plans this replica last wrote with nodes applying.
     exclusive_applying: Mutex<BTreeSet<String>>,
+    /// The cluster's ID told to channels, read once.
+    cluster_id: tokio::sync::OnceCell<String>,
 }
 
 /// What a channel answered, and when.
@@ -294,6 +297,8 @@ impl PlanReconciler {
         target: &Target,
         now: Timestamp,
     ) -> Result<Duration> {
+        // Upstream lists hostname label values; the steps work on node names.
+        status.applying = self.applying_names(&status.applying);
         let mut applying = Vec::new();
         for name in &status.applying {
             let facts = self.node_facts(plan, name, &target.hash, now);
@@ -361,6 +366,8 @@ impl PlanReconciler {
             selected,
             now,
         );
+        let names = std::mem::take(&mut status.applying);
+        status.applying = self.applying_entries(&names);
         self.write_status(plan, status.clone()).await?;
         self.ctx
             .metrics
@@ -371,6 +378,46 @@ impl PlanReconciler {
         self.after_write(plan, &old, &status, &released, target, now)
             .await;
         Ok(next_look(plan, &status, &kept, now))
+    }
+
+    /// The nodes a `status.applying` lists by hostname label value
+    /// (upstream's entries); the common case, a node named as its label,
+    /// needs no scan.
+    fn applying_names(&self, entries: &[String]) -> Vec<String> {
+        let named = |e: &String| {
+            self.ctx
+                .nodes
+                .get(&ObjectKey::cluster(e))
+                .is_some_and(|n| n.labels().get(HOSTNAME_LABEL) == Some(e))
+        };
+        if entries.iter().all(named) {
+            return entries.to_vec();
+        }
+        let nodes: Vec<(String, String)> = self
+            .ctx
+            .nodes
+            .list()
+            .iter()
+            .filter_map(|n| Some((n.name_any(), n.labels().get(HOSTNAME_LABEL)?.clone())))
+            .collect();
+        nodes_of_hostnames(entries, &nodes)
+    }
+
+    /// `status.applying` as upstream writes it: the nodes' hostname label values, sorted.
+    fn applying_entries(&self, names: &[String]) -> Vec<String> {
+        let mut entries: Vec<String> = names
+            .iter()
+            .map(|name| {
+                self.ctx
+                    .nodes
+                    .get(&ObjectKey::cluster(name))
+                    .and_then(|n| n.labels().get(HOSTNAME_LABEL).cloned())
+                    .unwrap_or_else(|| name.clone())
+            })
+            .collect();
+        entries.sort();
+        entries.dedup();
+        entries
     }
 
     /// The nodes to start now, or why none may start.
@@ -599,15 +646,42 @@ impl PlanReconciler {
 /// cordon stays).
 fn cordoned_by_upstream(plan: &Plan, node: &Node, job: Option<&Job>) -> bool {
     let unschedulable = node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
-    let upstream_job = job.is_some_and(|j| {
-        j.labels().get(labels::CONTROLLER).map(String::as_str) == Some(UPSTREAM_CONTROLLER)
-            && job_state(j, &node.name_any()) == JobState::Succeeded
-    });
+    let upstream_job =
+        job.is_some_and(|j| made_by_upstream(j) && job_state(j, &node.name_any()) == JobState::Succeeded);
     unschedulable && upstream_job && prep_of(plan) != Prep::Nothing && recorded_changes(node).is_none()
 }
 
-/// The `upgrade.cattle.io/controller` label of the System Upgrade Controller's Jobs.
-const UPSTREAM_CONTROLLER: &str = "system-upgrade-controller";
+/// A Job the System Upgrade Controller made: it carries upstream's
+/// controller label (which nodewarden's carry too) and, unlike
+/// nodewarden's, no owner (upstream makes its Jobs without one).
+fn made_by_upstream(job: &Job) -> bool {
+    job.labels().contains_key(labels::CONTROLLER)
+        && !job
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "Plan" && o.controller == Some(true))
+}
+
+/// The nodes whose hostname label is one of `entries` (`nodes`: name and
+/// label), in the entries' order; an entry no node carries stands for
+/// itself (a node since gone, or a name an older status wrote), so the
+/// step that finds no node releases it.
+fn nodes_of_hostnames(entries: &[String], nodes: &[(String, String)]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for entry in entries {
+        let found: Vec<&String> = nodes.iter().filter(|(_, h)| h == entry).map(|(n, _)| n).collect();
+        let found = match found.is_empty() {
+            true => vec![entry],
+            false => found,
+        };
+        for name in found {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+    }
+    names
+}
 
 /// How the plan prepares a node: drain implies cordon.
 fn prep_of(plan: &Plan) -> Prep {
@@ -955,7 +1029,11 @@ impl PlanReconciler {
         let answer = match cached {
             Some(answer) => answer,
             None => {
-                let answer = channel::resolve(url).await.map_err(|e| e.to_string());
+                let asker = channel::Asker {
+                    cluster_id: self.cluster_id().await,
+                    latest_version: plan.status.as_ref().and_then(|s| s.latest_version.clone()),
+                };
+                let answer = channel::resolve(url, &asker).await.map_err(|e| e.to_string());
                 let mut channels = self.ctx.channels.lock().unwrap_or_else(|e| e.into_inner());
                 channels.insert(
                     key,
@@ -969,6 +1047,28 @@ impl PlanReconciler {
             }
         };
         answer.map(|v| (v, "Channel"))
+    }
+
+    /// The cluster's ID as upstream tells channels: the UID of
+    /// `kube-system`, read once. Unreadable, channels are asked without it.
+    async fn cluster_id(&self) -> Option<String> {
+        let read = self
+            .ctx
+            .cluster_id
+            .get_or_try_init(|| async {
+                let api: Api<Namespace> = Api::all(self.ctx.client.clone());
+                api.get("kube-system")
+                    .await
+                    .map(|ns| ns.metadata.uid.unwrap_or_default())
+            })
+            .await;
+        match read {
+            Ok(uid) => Some(uid.clone()),
+            Err(e) => {
+                tracing::warn!(error = %e, "kube-system unreadable: channels are asked without a cluster ID");
+                None
+            }
+        }
     }
 
     /// Carries out one node's step.
@@ -1083,34 +1183,15 @@ impl PlanReconciler {
         let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node)) else {
             return Ok(());
         };
-        let hostname = current
-            .labels()
-            .get(HOSTNAME_LABEL)
-            .cloned()
-            .unwrap_or_else(|| node.to_string());
         let job = upgrade_job(
             plan,
-            node,
-            &hostname,
+            &JobNode::of(&current),
             &target.version,
             &target.hash,
             &self.ctx.config.jobs,
         );
-        let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
-        match api.create(&PostParams::default(), &job).await {
-            Ok(j) => {
-                self.event(
-                    plan,
-                    EventType::Normal,
-                    "SyncJob",
-                    format!("Job {} upgrades node {node}", j.name_any()),
-                );
-                Ok(())
-            }
-            // Created before (by this replica or the last leader): one Job per node and hash.
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        self.create_job_once(plan, job, format!("upgrades node {node}"))
+            .await
     }
 
     /// The node's prepare Job, before anything else is done to it.
@@ -1118,21 +1199,22 @@ impl PlanReconciler {
         let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node)) else {
             return Ok(());
         };
-        let hostname = current
-            .labels()
-            .get(HOSTNAME_LABEL)
-            .cloned()
-            .unwrap_or_else(|| node.to_string());
         let Some(job) = prepare_job(
             plan,
-            node,
-            &hostname,
+            &JobNode::of(&current),
             &target.version,
             &target.hash,
             &self.ctx.config.jobs,
         ) else {
             return Ok(());
         };
+        self.create_job_once(plan, job, format!("prepares node {node}"))
+            .await
+    }
+
+    /// Creates a Job of a fixed name: one per node, step and hash. Made
+    /// before (by this replica or the last leader) counts as done.
+    async fn create_job_once(&self, plan: &Plan, job: Job, what: String) -> Result<()> {
         let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
         match api.create(&PostParams::default(), &job).await {
             Ok(j) => {
@@ -1140,11 +1222,10 @@ impl PlanReconciler {
                     plan,
                     EventType::Normal,
                     "SyncJob",
-                    format!("Job {} prepares node {node}", j.name_any()),
+                    format!("Job {} {what}", j.name_any()),
                 );
                 Ok(())
             }
-            // Created before (by this replica or the last leader): one per node and hash.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(e.into()),
         }
@@ -1424,11 +1505,12 @@ impl PlanReconciler {
         self.ctx
             .metrics
             .forget_plan(&plan.namespace().unwrap_or_default(), &plan.name_any());
-        let mut nodes: BTreeSet<String> = plan
+        let entries = plan
             .status
-            .iter()
-            .flat_map(|s| s.applying.iter().cloned())
-            .collect();
+            .as_ref()
+            .map(|s| s.applying.clone())
+            .unwrap_or_default();
+        let mut nodes: BTreeSet<String> = self.applying_names(&entries).into_iter().collect();
         let me = owner(plan);
         for n in self.ctx.nodes.list() {
             if recorded_changes(&n).is_some_and(|c| c.owner == me) {
@@ -1542,6 +1624,40 @@ fn drain_timeout(plan: &Plan) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn applying_entries_are_hostnames() {
+        let nodes = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(n, h)| (n.to_string(), h.to_string()))
+                .collect()
+        };
+        let strings = |s: &[&str]| -> Vec<String> { s.iter().map(|x| x.to_string()).collect() };
+        /// Entries, nodes as name and hostname, the node names.
+        type Row<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a [&'a str]);
+        let table: &[Row] = &[
+            (&["a"], &[("a", "a")], &["a"]),
+            (
+                &["ip-10-0-0-1"],
+                &[("ip-10-0-0-1.ec2.internal", "ip-10-0-0-1")],
+                &["ip-10-0-0-1.ec2.internal"],
+            ),
+            // An older status's node name, or a node since gone: itself.
+            (&["gone"], &[("a", "a")], &["gone"]),
+            // Two nodes sharing a hostname are both applying (upstream selects by label).
+            (&["h"], &[("n1", "h"), ("n2", "h")], &["n1", "n2"]),
+            (&["h", "n1"], &[("n1", "h")], &["n1"]),
+            (&[], &[("a", "a")], &[]),
+        ];
+        for (entries, all, want) in table {
+            assert_eq!(
+                super::nodes_of_hostnames(&strings(entries), &nodes(all)),
+                strings(want),
+                "{entries:?}"
+            );
+        }
+    }
+
     use super::*;
     use crate::api::plan::PlanSpec;
     use serde_json::json;

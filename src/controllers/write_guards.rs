@@ -353,10 +353,9 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         CreateOnce,
     ),
     ("controllers/plan.rs", "cordon", "api.replace(", ResourceVersion),
-    ("controllers/plan.rs", "create_job", "api.create(", CreateOnce),
     (
         "controllers/plan.rs",
-        "create_prepare_job",
+        "create_job_once",
         "api.create(",
         CreateOnce,
     ),

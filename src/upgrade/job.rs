@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, EnvVarSource,
     HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, SecretVolumeSource,
-    SecurityContext, Toleration, Volume, VolumeMount,
+    SecurityContext, Toleration, Volume, VolumeMount, WindowsSecurityContextOptions,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
@@ -28,6 +28,16 @@ pub struct JobDefaults {
     pub backoff_limit: i32,
     /// How long a finished Job stays (upstream: 900 s).
     pub ttl_after_finished_secs: i32,
+    /// The most activeDeadlineSeconds any Job gets (0: no maximum); a plan
+    /// with no deadline gets this one (upstream's
+    /// SYSTEM_UPGRADE_JOB_ACTIVE_DEADLINE_SECONDS_MAX).
+    pub active_deadline_max_secs: i64,
+    /// The Jobs' `upgrade.cattle.io/controller` label (upstream's
+    /// controller name, `system-upgrade-controller` in its manifests):
+    /// tools and selectors that find upgrade Jobs by it keep finding them.
+    pub controller_name: String,
+    /// The Jobs' podReplacementPolicy (upstream: TerminatingOrFailed).
+    pub pod_replacement_policy: String,
 }
 
 impl Default for JobDefaults {
@@ -36,12 +46,47 @@ impl Default for JobDefaults {
             active_deadline_secs: 600,
             backoff_limit: 2,
             ttl_after_finished_secs: 900,
+            active_deadline_max_secs: 0,
+            controller_name: UPSTREAM_CONTROLLER.into(),
+            pod_replacement_policy: "TerminatingOrFailed".into(),
         }
     }
 }
 
+/// The System Upgrade Controller's name in its own manifests: the
+/// default `upgrade.cattle.io/controller` label of the Jobs.
+pub const UPSTREAM_CONTROLLER: &str = "system-upgrade-controller";
+
 /// The value of `kubernetes.io/hostname` the Job is pinned to.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// The node label naming its operating system.
+const OS_LABEL: &str = "kubernetes.io/os";
+
+/// What a Job needs to know of the node it runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobNode {
+    /// The node's name.
+    pub name: String,
+    /// Its `kubernetes.io/hostname` label (its name when it has none).
+    pub hostname: String,
+    /// A Windows node: the containers run as host processes.
+    pub windows: bool,
+}
+
+impl JobNode {
+    /// The node as its Job sees it.
+    pub fn of(node: &k8s_openapi::api::core::v1::Node) -> JobNode {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let labels = node.metadata.labels.as_ref();
+        let label = |k: &str| labels.and_then(|l| l.get(k)).cloned();
+        JobNode {
+            hostname: label(HOSTNAME_LABEL).unwrap_or_else(|| name.clone()),
+            windows: label(OS_LABEL).as_deref() == Some("windows"),
+            name,
+        }
+    }
+}
 
 /// The Job's name: `apply-<plan>-on-<node up to its first dot>-with-<hash>`, cut to 63.
 pub fn job_name(plan: &str, node: &str, hash: &str) -> String {
@@ -67,16 +112,15 @@ pub const STEP_LABEL: &str = "nodewarden.dev/step";
 /// It is the upgrade Job with `prepare` as its one container.
 pub fn prepare_job(
     plan: &Plan,
-    node: &str,
-    hostname: &str,
+    node: &JobNode,
     version: &str,
     hash: &str,
     defaults: &JobDefaults,
 ) -> Option<Job> {
     let prepare = plan.spec.prepare.as_ref()?;
-    let mut job = upgrade_job(plan, node, hostname, version, hash, defaults);
+    let mut job = upgrade_job(plan, node, version, hash, defaults);
     let name = plan.metadata.name.clone().unwrap_or_default();
-    job.metadata.name = Some(prepare_job_name(&name, node, hash));
+    job.metadata.name = Some(prepare_job_name(&name, &node.name, hash));
     for labels in [
         job.metadata.labels.as_mut(),
         job.spec
@@ -93,36 +137,32 @@ pub fn prepare_job(
     let mounts = base_mounts(plan);
     if let Some(pod) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
         pod.init_containers = None;
-        pod.containers = vec![container("prepare", prepare, version, &env, &mounts)];
+        pod.containers = vec![container(
+            "prepare",
+            prepare,
+            version,
+            &env,
+            &mounts,
+            node.windows,
+        )];
     }
     Some(job)
 }
 
-/// The Job applying `plan` at `version`/`hash` on `node` (whose
-/// `kubernetes.io/hostname` label is `hostname`). A plan's `prepare` runs
-/// in a Job of its own before ([`prepare_job`]), so it is not repeated here.
-pub fn upgrade_job(
-    plan: &Plan,
-    node: &str,
-    hostname: &str,
-    version: &str,
-    hash: &str,
-    defaults: &JobDefaults,
-) -> Job {
+/// The Job applying `plan` at `version`/`hash` on `node`. A plan's
+/// `prepare` runs in a Job of its own before ([`prepare_job`]), so it is
+/// not repeated here.
+pub fn upgrade_job(plan: &Plan, node: &JobNode, version: &str, hash: &str, defaults: &JobDefaults) -> Job {
     let name = plan.metadata.name.clone().unwrap_or_default();
     let spec = &plan.spec;
     let exclusive = spec.exclusive.unwrap_or(false).to_string();
-    let job_labels = job_labels(plan, node, version, hash);
+    let job_labels = job_labels(plan, &node.name, version, hash, &defaults.controller_name);
     let mut ttl = defaults.ttl_after_finished_secs;
     // Keep the finished Job past postCompleteDelay, plus a minute (upstream's rule).
     if let Some(delay) = spec.post_complete_delay.as_deref().and_then(parse_go_duration) {
         ttl = ttl.max(delay.as_secs() as i32 + 60);
     }
-    let deadline = match spec.job_active_deadline_secs {
-        Some(0) => None,
-        Some(s) if s > 0 => Some(s),
-        _ => Some(defaults.active_deadline_secs),
-    };
+    let deadline = active_deadline(spec.job_active_deadline_secs, defaults);
     let anti_affinity_on = if spec.exclusive.unwrap_or(false) {
         (labels::EXCLUSIVE, exclusive)
     } else {
@@ -142,10 +182,10 @@ pub fn upgrade_job(
     job_annotations.insert(TTL_ANNOTATION.into(), ttl.to_string());
     let env = plan_env(&name, version, hash);
     let mounts = base_mounts(plan);
-    let upgrade = container("upgrade", &spec.upgrade, version, &env, &mounts);
+    let upgrade = container("upgrade", &spec.upgrade, version, &env, &mounts, node.windows);
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(&name, node, hash)),
+            name: Some(job_name(&name, &node.name, hash)),
             namespace: plan.metadata.namespace.clone(),
             labels: Some(job_labels.clone()),
             annotations: Some(job_annotations),
@@ -156,6 +196,7 @@ pub fn upgrade_job(
             backoff_limit: Some(defaults.backoff_limit),
             ttl_seconds_after_finished: Some(ttl),
             active_deadline_seconds: deadline,
+            pod_replacement_policy: Some(defaults.pod_replacement_policy.clone()),
             completions: Some(1),
             parallelism: Some(1),
             template: PodTemplateSpec {
@@ -171,7 +212,7 @@ pub fn upgrade_job(
                     dns_policy: Some("ClusterFirstWithHostNet".into()),
                     priority_class_name: spec.priority_class_name.clone(),
                     service_account_name: spec.service_account_name.clone(),
-                    affinity: Some(affinity(hostname, anti_affinity_on)),
+                    affinity: Some(affinity(&node.hostname, anti_affinity_on)),
                     tolerations: Some(tolerations(&spec.tolerations)),
                     restart_policy: Some("Never".into()),
                     volumes: Some(volumes(plan)),
@@ -187,11 +228,34 @@ pub fn upgrade_job(
     }
 }
 
-/// Upstream's labels (plan, node, version, hash, exclusive) plus the plan's own.
-fn job_labels(plan: &Plan, node: &str, version: &str, hash: &str) -> BTreeMap<String, String> {
+/// activeDeadlineSeconds as upstream sets it: the plan's (0: none; unset
+/// or negative: the default), clamped to the maximum when one is set
+/// (which also replaces "none").
+fn active_deadline(plan: Option<i64>, defaults: &JobDefaults) -> Option<i64> {
+    let wanted = match plan {
+        Some(0) => None,
+        Some(s) if s > 0 => Some(s),
+        _ => Some(defaults.active_deadline_secs),
+    };
+    match (wanted, defaults.active_deadline_max_secs) {
+        (_, max) if max <= 0 => wanted,
+        (None, max) => Some(max),
+        (Some(s), max) => Some(s.min(max)),
+    }
+}
+
+/// Upstream's labels (controller, plan, node, version, hash, exclusive)
+/// plus the plan's own.
+fn job_labels(
+    plan: &Plan,
+    node: &str,
+    version: &str,
+    hash: &str,
+    controller: &str,
+) -> BTreeMap<String, String> {
     let name = plan.metadata.name.clone().unwrap_or_default();
     let mut all = BTreeMap::from([
-        (labels::CONTROLLER.to_string(), "nodewarden".to_string()),
+        (labels::CONTROLLER.to_string(), controller.to_string()),
         (
             labels::EXCLUSIVE.to_string(),
             plan.spec.exclusive.unwrap_or(false).to_string(),
@@ -414,15 +478,17 @@ fn plan_env(plan: &str, version: &str, hash: &str) -> Vec<EnvVar> {
     ]
 }
 
-/// One container. The upgrade container is privileged with CAP_SYS_BOOT
-/// unless the plan gives a securityContext; `prepare` gets only the plan's
-/// (upstream: none by default).
+/// One container, with upstream's security context: the upgrade
+/// container takes the plan's, else on Windows a host process as SYSTEM,
+/// else privileged with CAP_SYS_BOOT; `prepare` a host process on Windows
+/// (the plan's is overridden there, as upstream does), else only the plan's.
 fn container(
     name: &str,
     spec: &ContainerSpec,
     version: &str,
     env: &[EnvVar],
     mounts: &[VolumeMount],
+    windows: bool,
 ) -> Container {
     let privileged = || SecurityContext {
         privileged: Some(true),
@@ -432,9 +498,19 @@ fn container(
         }),
         ..Default::default()
     };
-    let security_context = match name {
-        "upgrade" => Some(spec.security_context.clone().unwrap_or_else(privileged)),
-        _ => spec.security_context.clone(),
+    let host_process = || SecurityContext {
+        windows_options: Some(WindowsSecurityContextOptions {
+            host_process: Some(true),
+            run_as_user_name: Some("NT AUTHORITY\\SYSTEM".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let security_context = match (name, windows) {
+        ("upgrade", true) => Some(spec.security_context.clone().unwrap_or_else(host_process)),
+        ("upgrade", false) => Some(spec.security_context.clone().unwrap_or_else(privileged)),
+        (_, true) => Some(host_process()),
+        (_, false) => spec.security_context.clone(),
     };
     let mut all_env = env.to_vec();
     all_env.extend(spec.envs.iter().cloned());
@@ -528,13 +604,20 @@ mod tests {
         p
     }
 
+    fn linux(name: &str, hostname: &str) -> JobNode {
+        JobNode {
+            name: name.into(),
+            hostname: hostname.into(),
+            windows: false,
+        }
+    }
+
     #[test]
     fn the_job_is_upstreams() {
         let hash = "a".repeat(56);
         let job = upgrade_job(
             &plan(),
-            "worker-1.example",
-            "worker-1",
+            &linux("worker-1.example", "worker-1"),
             "v1.30.1-k3s1",
             &hash,
             &JobDefaults::default(),
@@ -554,8 +637,16 @@ mod tests {
             Some("worker-1.example")
         );
         assert_eq!(labels.get("plan.upgrade.cattle.io/k3s-server"), Some(&hash));
+        assert_eq!(
+            labels.get("upgrade.cattle.io/controller").map(String::as_str),
+            Some("system-upgrade-controller")
+        );
         let spec = job.spec.expect("a spec");
         assert_eq!(spec.active_deadline_seconds, Some(600));
+        assert_eq!(
+            spec.pod_replacement_policy.as_deref(),
+            Some("TerminatingOrFailed")
+        );
         let pod = spec.template.spec.expect("a pod spec");
         assert_eq!(pod.host_pid, Some(true));
         let c = &pod.containers[0];
@@ -616,7 +707,7 @@ mod tests {
             ..Default::default()
         });
         let d = JobDefaults::default();
-        let job = upgrade_job(&p, "n1", "n1", "v1", "h", &d);
+        let job = upgrade_job(&p, &linux("n1", "n1"), "v1", "h", &d);
         let annotations = job.metadata.annotations.clone().unwrap_or_default();
         assert_eq!(
             annotations,
@@ -630,7 +721,7 @@ mod tests {
         assert_eq!(pod_annotations.keys().collect::<Vec<_>>(), ["example.com/owner"]);
         let pod = template.spec.expect("a pod");
         assert!(pod.init_containers.is_none(), "prepare runs in a Job of its own");
-        let prep = prepare_job(&p, "n1", "n1", "v1", "h", &d).expect("a prepare Job");
+        let prep = prepare_job(&p, &linux("n1", "n1"), "v1", "h", &d).expect("a prepare Job");
         let prep_pod = prep.spec.expect("a spec").template.spec.expect("a pod");
         assert_eq!(prep_pod.containers[0].name, "prepare");
         assert_eq!(
@@ -657,17 +748,29 @@ mod tests {
 
     #[test]
     fn deadlines_and_tags() {
-        let d = JobDefaults::default();
-        for (secs, want) in [
-            (None, Some(600)),
-            (Some(0), None),
-            (Some(30), Some(30)),
-            (Some(-1), Some(600)),
+        // (plan's deadline, the maximum, the Job's)
+        for (secs, max, want) in [
+            (None, 0, Some(600)),
+            (Some(0), 0, None),
+            (Some(30), 0, Some(30)),
+            (Some(-1), 0, Some(600)),
+            (Some(0), 300, Some(300)),
+            (None, 300, Some(300)),
+            (Some(30), 300, Some(30)),
+            (Some(3600), 300, Some(300)),
         ] {
+            let d = JobDefaults {
+                active_deadline_max_secs: max,
+                ..JobDefaults::default()
+            };
             let mut p = plan();
             p.spec.job_active_deadline_secs = secs;
-            let job = upgrade_job(&p, "n", "n", "v1", "h", &d);
-            assert_eq!(job.spec.and_then(|s| s.active_deadline_seconds), want, "{secs:?}");
+            let job = upgrade_job(&p, &linux("n", "n"), "v1", "h", &d);
+            assert_eq!(
+                job.spec.and_then(|s| s.active_deadline_seconds),
+                want,
+                "{secs:?} max {max}"
+            );
         }
         let table = [
             ("rancher/k3os", "v0.9.0", "rancher/k3os:v0.9.0"),
@@ -678,6 +781,60 @@ mod tests {
         for (image, version, want) in table {
             assert_eq!(with_tag(image, version), want);
         }
+    }
+
+    #[test]
+    fn windows_nodes_run_host_processes() {
+        let windows = JobNode::of(&k8s_openapi::api::core::v1::Node {
+            metadata: ObjectMeta {
+                name: Some("win-1".into()),
+                labels: Some(BTreeMap::from([
+                    ("kubernetes.io/os".to_string(), "windows".to_string()),
+                    (HOSTNAME_LABEL.to_string(), "WIN-1".to_string()),
+                ])),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        assert_eq!(
+            windows,
+            JobNode {
+                name: "win-1".into(),
+                hostname: "WIN-1".into(),
+                windows: true
+            }
+        );
+        let mut p = plan();
+        p.spec.prepare = Some(ContainerSpec {
+            image: "prep".into(),
+            security_context: Some(SecurityContext {
+                privileged: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let d = JobDefaults::default();
+        let context = |job: Job| {
+            job.spec
+                .and_then(|s| s.template.spec)
+                .and_then(|p| p.containers[0].security_context.clone())
+                .unwrap_or_default()
+        };
+        let host_process = |c: &SecurityContext| {
+            c.windows_options
+                .as_ref()
+                .map(|w| (w.host_process, w.run_as_user_name.clone()))
+        };
+        let want = Some((Some(true), Some("NT AUTHORITY\\SYSTEM".to_string())));
+        let upgrade = context(upgrade_job(&p, &windows, "v1", "h", &d));
+        assert_eq!(host_process(&upgrade), want);
+        assert_eq!(upgrade.privileged, None);
+        let prepare = context(prepare_job(&p, &windows, "v1", "h", &d).expect("a prepare Job"));
+        assert_eq!(host_process(&prepare), want, "Windows overrides the plan's");
+        // A plan's own upgrade securityContext wins, on Windows too.
+        p.spec.upgrade.security_context = Some(SecurityContext::default());
+        let upgrade = context(upgrade_job(&p, &windows, "v1", "h", &d));
+        assert_eq!(upgrade, SecurityContext::default());
     }
 
     #[test]
