@@ -147,11 +147,35 @@ struct RunArgs {
     #[arg(long, default_value_t = 10.0)]
     plan_settle: f64,
     /// activeDeadlineSeconds of upgrade Jobs whose Plan sets none.
-    #[arg(long, default_value_t = 600)]
+    #[arg(
+        long,
+        env = "SYSTEM_UPGRADE_JOB_ACTIVE_DEADLINE_SECONDS",
+        default_value_t = 600
+    )]
     plan_job_deadline: i64,
     /// Retries of a failed upgrade pod before its Job fails.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, env = "SYSTEM_UPGRADE_JOB_BACKOFF_LIMIT", default_value_t = 2)]
     plan_job_backoff_limit: i32,
+    /// How long a finished upgrade Job stays (seconds; at least a minute past
+    /// the Plan's postCompleteDelay).
+    #[arg(
+        long,
+        env = "SYSTEM_UPGRADE_JOB_TTL_SECONDS_AFTER_FINISH",
+        default_value_t = 900
+    )]
+    plan_job_ttl: i32,
+    /// Whether the upgrade container is privileged when its Plan gives no
+    /// securityContext.
+    #[arg(long, env = "SYSTEM_UPGRADE_JOB_PRIVILEGED", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    plan_job_privileged: bool,
+    /// The imagePullPolicy of the Jobs' containers.
+    #[arg(
+        long,
+        env = "SYSTEM_UPGRADE_JOB_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent",
+        value_parser = ["IfNotPresent", "Always", "Never"]
+    )]
+    plan_job_image_pull_policy: String,
     /// The most activeDeadlineSeconds an upgrade Job gets (0: no maximum).
     #[arg(
         long,
@@ -356,10 +380,12 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             jobs: JobDefaults {
                 active_deadline_secs: args.plan_job_deadline,
                 backoff_limit: args.plan_job_backoff_limit,
+                ttl_after_finished_secs: args.plan_job_ttl,
+                privileged: args.plan_job_privileged,
+                image_pull_policy: args.plan_job_image_pull_policy,
                 active_deadline_max_secs: args.plan_job_deadline_max,
                 controller_name: args.plan_controller_name,
                 pod_replacement_policy: args.plan_job_pod_replacement_policy,
-                ..Default::default()
             },
             ..Default::default()
         },

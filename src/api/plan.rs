@@ -41,15 +41,10 @@ const DURATION: &str = "^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$";
     plural = "plans",
     namespaced,
     status = "PlanStatus",
+    // Upstream's columns first, in its order (scripts read them by position).
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.upgrade.image"),
-    printcolumn(name = "Version", type_ = "string", json_path = ".status.latestVersion"),
-    printcolumn(
-        name = "Upgraded",
-        type_ = "string",
-        json_path = ".status.progress",
-        description = "nodes on the latest hash / nodes selected"
-    ),
-    printcolumn(name = "Applying", type_ = "string", json_path = ".status.applying"),
+    printcolumn(name = "Channel", type_ = "string", json_path = ".spec.channel"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
     printcolumn(
         name = "Complete",
         type_ = "string",
@@ -58,14 +53,26 @@ const DURATION: &str = "^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$";
     printcolumn(
         name = "Message",
         type_ = "string",
-        priority = "1",
-        json_path = ".status.conditions[?(@.type=='Complete')].message"
+        json_path = ".status.conditions[?(@.message!='')].message"
     ),
     printcolumn(
-        name = "Channel",
+        name = "Applying",
+        type_ = "string",
+        priority = "10",
+        json_path = ".status.applying"
+    ),
+    printcolumn(
+        name = "Upgraded",
+        type_ = "string",
+        json_path = ".status.progress",
+        description = "nodes on the latest hash / nodes selected"
+    ),
+    printcolumn(
+        name = "Latest",
         type_ = "string",
         priority = "1",
-        json_path = ".spec.channel"
+        json_path = ".status.latestVersion",
+        description = "the version resolved (the channel's answer, or spec.version)"
     ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]

@@ -38,6 +38,11 @@ pub struct JobDefaults {
     pub controller_name: String,
     /// The Jobs' podReplacementPolicy (upstream: TerminatingOrFailed).
     pub pod_replacement_policy: String,
+    /// Whether the upgrade container is privileged when the plan gives no
+    /// securityContext (upstream: true).
+    pub privileged: bool,
+    /// The containers' imagePullPolicy (upstream: IfNotPresent).
+    pub image_pull_policy: String,
 }
 
 impl Default for JobDefaults {
@@ -49,6 +54,8 @@ impl Default for JobDefaults {
             active_deadline_max_secs: 0,
             controller_name: UPSTREAM_CONTROLLER.into(),
             pod_replacement_policy: "TerminatingOrFailed".into(),
+            privileged: true,
+            image_pull_policy: "IfNotPresent".into(),
         }
     }
 }
@@ -133,18 +140,10 @@ pub fn prepare_job(
     {
         labels.insert(STEP_LABEL.into(), "prepare".into());
     }
-    let env = plan_env(&name, version, hash);
-    let mounts = base_mounts(plan);
+    let shared = Shared::new(plan, node, version, hash, defaults);
     if let Some(pod) = job.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
         pod.init_containers = None;
-        pod.containers = vec![container(
-            "prepare",
-            prepare,
-            version,
-            &env,
-            &mounts,
-            node.windows,
-        )];
+        pod.containers = vec![container("prepare", prepare, &shared)];
     }
     Some(job)
 }
@@ -180,9 +179,11 @@ pub fn upgrade_job(plan: &Plan, node: &JobNode, version: &str, hash: &str, defau
         .collect();
     let mut job_annotations = copied.clone();
     job_annotations.insert(TTL_ANNOTATION.into(), ttl.to_string());
-    let env = plan_env(&name, version, hash);
-    let mounts = base_mounts(plan);
-    let upgrade = container("upgrade", &spec.upgrade, version, &env, &mounts, node.windows);
+    let upgrade = container(
+        "upgrade",
+        &spec.upgrade,
+        &Shared::new(plan, node, version, hash, defaults),
+    );
     Job {
         metadata: ObjectMeta {
             name: Some(job_name(&name, &node.name, hash)),
@@ -478,20 +479,36 @@ fn plan_env(plan: &str, version: &str, hash: &str) -> Vec<EnvVar> {
     ]
 }
 
+/// What every container of a node's Job shares.
+struct Shared<'a> {
+    version: &'a str,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+    windows: bool,
+    defaults: &'a JobDefaults,
+}
+
+impl<'a> Shared<'a> {
+    fn new(plan: &Plan, node: &JobNode, version: &'a str, hash: &str, defaults: &'a JobDefaults) -> Self {
+        let name = plan.metadata.name.as_deref().unwrap_or_default();
+        Shared {
+            version,
+            env: plan_env(name, version, hash),
+            mounts: base_mounts(plan),
+            windows: node.windows,
+            defaults,
+        }
+    }
+}
+
 /// One container, with upstream's security context: the upgrade
 /// container takes the plan's, else on Windows a host process as SYSTEM,
-/// else privileged with CAP_SYS_BOOT; `prepare` a host process on Windows
-/// (the plan's is overridden there, as upstream does), else only the plan's.
-fn container(
-    name: &str,
-    spec: &ContainerSpec,
-    version: &str,
-    env: &[EnvVar],
-    mounts: &[VolumeMount],
-    windows: bool,
-) -> Container {
+/// else privileged (unless turned off) with CAP_SYS_BOOT; `prepare` a host
+/// process on Windows (the plan's is overridden there, as upstream does),
+/// else only the plan's.
+fn container(name: &str, spec: &ContainerSpec, shared: &Shared) -> Container {
     let privileged = || SecurityContext {
-        privileged: Some(true),
+        privileged: Some(shared.defaults.privileged),
         capabilities: Some(Capabilities {
             add: Some(vec!["CAP_SYS_BOOT".into()]),
             ..Default::default()
@@ -506,15 +523,15 @@ fn container(
         }),
         ..Default::default()
     };
-    let security_context = match (name, windows) {
+    let security_context = match (name, shared.windows) {
         ("upgrade", true) => Some(spec.security_context.clone().unwrap_or_else(host_process)),
         ("upgrade", false) => Some(spec.security_context.clone().unwrap_or_else(privileged)),
         (_, true) => Some(host_process()),
         (_, false) => spec.security_context.clone(),
     };
-    let mut all_env = env.to_vec();
+    let mut all_env = shared.env.clone();
     all_env.extend(spec.envs.iter().cloned());
-    let mut all_mounts = mounts.to_vec();
+    let mut all_mounts = shared.mounts.clone();
     all_mounts.extend(spec.volumes.iter().map(|v| VolumeMount {
         name: v.name.clone(),
         mount_path: v.destination.clone(),
@@ -522,13 +539,13 @@ fn container(
     }));
     Container {
         name: name.into(),
-        image: Some(with_tag(&spec.image, version)),
+        image: Some(with_tag(&spec.image, shared.version)),
         command: (!spec.command.is_empty()).then(|| spec.command.clone()),
         args: (!spec.args.is_empty()).then(|| spec.args.clone()),
         env: Some(all_env),
         env_from: (!spec.env_from.is_empty()).then(|| spec.env_from.clone()),
         volume_mounts: Some(all_mounts),
-        image_pull_policy: Some("IfNotPresent".into()),
+        image_pull_policy: Some(shared.defaults.image_pull_policy.clone()),
         security_context,
         ..Default::default()
     }
@@ -575,6 +592,7 @@ pub fn parse_go_duration(s: &str) -> Option<std::time::Duration> {
 mod tests {
     use super::*;
     use crate::api::plan::{PlanSpec, SecretSpec, VolumeSpec};
+    use kube::ResourceExt;
 
     fn plan() -> Plan {
         let mut p = Plan::new(
@@ -781,6 +799,34 @@ mod tests {
         for (image, version, want) in table {
             assert_eq!(with_tag(image, version), want);
         }
+    }
+
+    #[test]
+    fn the_operators_job_settings_apply() {
+        let d = JobDefaults {
+            privileged: false,
+            image_pull_policy: "Always".into(),
+            ttl_after_finished_secs: 60,
+            controller_name: "suc-east".into(),
+            pod_replacement_policy: "Failed".into(),
+            ..JobDefaults::default()
+        };
+        let job = upgrade_job(&plan(), &linux("n", "n"), "v1", "h", &d);
+        assert_eq!(
+            job.labels()
+                .get("upgrade.cattle.io/controller")
+                .map(String::as_str),
+            Some("suc-east")
+        );
+        let spec = job.spec.expect("a spec");
+        assert_eq!(spec.ttl_seconds_after_finished, Some(60));
+        assert_eq!(spec.pod_replacement_policy.as_deref(), Some("Failed"));
+        let c = &spec.template.spec.expect("a pod").containers[0];
+        assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            c.security_context.as_ref().and_then(|s| s.privileged),
+            Some(false)
+        );
     }
 
     #[test]
