@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use nodewarden::admission::limits;
+use nodewarden::api::update::Rollout;
+use nodewarden::api::update::rollout::scaled_int_or_percent;
 use nodewarden::cloud::metered::Ration;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::controllers::plan::PlanConfig;
@@ -137,6 +140,24 @@ struct RunArgs {
     /// is installed), on or off.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     sip: String,
+    /// The surge of a rollout whose NodeVersion sets neither
+    /// spec.rollout.maxSurge nor spec.maxNodeBudget: a count or a percentage.
+    /// Settings given here survive a client writing the NodeVersion back
+    /// without `rollout` (the constellation CLI's `apply`).
+    #[arg(long, value_parser = int_or_percent)]
+    rollout_max_surge: Option<IntOrString>,
+    /// maxUnavailable of a rollout whose NodeVersion sets none.
+    #[arg(long, value_parser = int_or_percent)]
+    rollout_max_unavailable: Option<IntOrString>,
+    /// controlPlaneFirst of a rollout whose NodeVersion sets none.
+    #[arg(long, action = clap::ArgAction::Set)]
+    rollout_control_plane_first: Option<bool>,
+    /// joinTimeout of a rollout whose NodeVersion sets none (e.g. 30m).
+    #[arg(long, value_parser = go_duration)]
+    rollout_join_timeout: Option<String>,
+    /// drainTimeout of a rollout whose NodeVersion sets none (e.g. 1h).
+    #[arg(long, value_parser = go_duration)]
+    rollout_drain_timeout: Option<String>,
     /// Watch upgrade Plans in this namespace only (default: all namespaces).
     #[arg(long, env = "NODEWARDEN_PLAN_NAMESPACE")]
     plan_namespace: Option<String>,
@@ -373,6 +394,13 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             "off" => Some(false),
             _ => None,
         },
+        rollout: Rollout {
+            max_surge: args.rollout_max_surge,
+            max_unavailable: args.rollout_max_unavailable,
+            control_plane_first: args.rollout_control_plane_first,
+            join_timeout: args.rollout_join_timeout,
+            drain_timeout: args.rollout_drain_timeout,
+        },
         plans: PlanConfig {
             namespace: args.plan_namespace,
             channel_poll: seconds(args.plan_channel_poll, "plan-channel-poll")?,
@@ -533,4 +561,26 @@ fn print_crds() -> anyhow::Result<()> {
     }
     print!("{out}");
     Ok(())
+}
+
+/// A count (`3`) or a percentage (`25%`), as `spec.rollout` takes them.
+fn int_or_percent(s: &str) -> Result<IntOrString, String> {
+    let value = match s.parse::<i32>() {
+        Ok(n) => IntOrString::Int(n),
+        Err(_) => IntOrString::String(s.to_string()),
+    };
+    match scaled_int_or_percent(&value, 100, true) {
+        Some(_) => Ok(value),
+        None => Err(format!(
+            "{s:?} is neither a count (0 or more) nor a percentage such as 25%"
+        )),
+    }
+}
+
+/// A duration such as `90s`, `30m` or `1h30m`, as `spec.rollout` takes them.
+fn go_duration(s: &str) -> Result<String, String> {
+    match nodewarden::api::node_maintenance::parse_duration(s) {
+        Some(_) => Ok(s.to_string()),
+        None => Err(format!("{s:?} is not a duration such as 90s, 30m or 1h30m")),
+    }
 }

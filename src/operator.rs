@@ -36,6 +36,8 @@ pub struct OperatorConfig {
     pub maintenance: MaintenanceConfig,
     /// Plan settings.
     pub plans: crate::controllers::plan::PlanConfig,
+    /// The rollout settings a NodeVersion that leaves a field out gets.
+    pub rollout: crate::api::update::Rollout,
     /// Workers per controller.
     pub workers: usize,
     /// The cloud that replaces nodes; None: no rolling replacement, only maintenance.
@@ -85,6 +87,7 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
     app.objects = Source::labelled(config.object_selector.clone());
     app.maintenance = config.maintenance.clone();
     app.plans = config.plans.clone();
+    app.rollout = config.rollout.clone();
     app.bare_metal = config.bare_metal.unwrap_or(false);
     app.cloud = config.cloud.clone().map(|cloud| {
         // Each attempt is metered and rationed; the state reads made at

@@ -192,7 +192,7 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
                     degraded = nv
                         .status
                         .unwrap_or_default()
-                        .conditions
+                        .rollout_conditions
                         .into_iter()
                         .find(|c| {
                             c.type_ == condition::DEGRADED

@@ -272,7 +272,7 @@ async fn with_the_cloud_down_busy_nodes_do_not_multiply_cloud_calls() {
                 Ok(nv) => nv,
                 Err(e) => return Probe::NotYet(seen(e)),
             };
-            let conditions = nv.status.map(|s| s.conditions).unwrap_or_default();
+            let conditions = nv.status.map(|s| s.rollout_conditions).unwrap_or_default();
             match conditions.iter().find(|c| c.type_ == "Degraded") {
                 Some(c)
                     if c.status == "True"

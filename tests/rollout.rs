@@ -176,7 +176,10 @@ async fn an_instance_that_never_joins_is_deleted_and_replaced() {
         }
     })
     .await;
-    let degraded = status.conditions.iter().find(|c| c.type_ == condition::DEGRADED);
+    let degraded = status
+        .rollout_conditions
+        .iter()
+        .find(|c| c.type_ == condition::DEGRADED);
     let message = degraded
         .map(|c| (c.reason.clone(), c.message.clone()))
         .unwrap_or_default();
@@ -598,6 +601,115 @@ async fn new_kubernetes_components_roll_every_node_through_joining_nodes() {
     assert_eq!(made, 8, "a JoiningNode per node: 4 at the start, 4 replacements");
     wait_none_left::<JoiningNode>(env).await;
     assert_no_leak(&r).await;
+    op.stop().await;
+    let Rollout { env, sim, .. } = r;
+    sim.sim.kill().await;
+    env.cleanup().await;
+}
+
+/// What the constellation CLI does to a NodeVersion, and what it reads back:
+/// `apply` reads the object into its own struct (which drops `rollout` and
+/// `maxNodeBudget`) and writes the whole object back; `status` and
+/// `upgrade check` require exactly one condition and show its message. A
+/// rollout with the operator's surge as its default keeps that surge when
+/// the write lands mid-rollout, and the CLI's reading holds during and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_constellation_clis_whole_object_write_mid_rollout_keeps_the_surge() {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let r = setup("cli-write", &[("workers", "Worker", 6)]).await;
+    let env = &r.env;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
+    let mut config = env.operator_config(MaintenanceConfig::default(), Some(cloud), "operator");
+    config.rollout.max_surge = Some(IntOrString::Int(2));
+    let op = env.start_operator_from(config).await;
+    let checker = Checker::start(env, 6, 2);
+    let api: Api<NodeVersion> = Api::all(env.client.clone());
+    let name = env.name("version");
+
+    // What the CLI's NewNodeVersion asserts, on the object as it is now.
+    let cli_reads = |nv: &NodeVersion| -> Result<String, String> {
+        let conditions = nv
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        match conditions.as_slice() {
+            [one] => Ok(one.message.clone()),
+            other => Err(format!("expected exactly one condition, got {}", other.len())),
+        }
+    };
+    let rollout = roll_nodes(env, 6, "img-2", Some(2));
+    let cli = async {
+        // Mid-rollout: a replacement in flight.
+        wait_for("a replacement in flight", Duration::from_secs(60), || async {
+            match api.get(&name).await {
+                Ok(nv) if nv.status.as_ref().and_then(|s| s.replacing).unwrap_or(0) > 0 => Probe::Done(()),
+                Ok(nv) => Probe::NotYet(format!("{:?}", nv.status.and_then(|s| s.progress))),
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        })
+        .await;
+        // `constellation apply`: read, drop what it does not know, write it all back.
+        wait_for("the whole-object write", Duration::from_secs(30), || async {
+            let mut nv = match api.get(&name).await {
+                Ok(nv) => nv,
+                Err(e) => return Probe::NotYet(seen(e)),
+            };
+            nv.spec.rollout = Default::default();
+            nv.spec.max_node_budget = None;
+            match api.replace(&name, &PostParams::default(), &nv).await {
+                Ok(_) => Probe::Done(()),
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        })
+        .await;
+        let written = api.get(&name).await.expect("the NodeVersion");
+        assert!(written.spec.rollout.is_unset(), "{:?}", written.spec.rollout);
+        // The operator's surge is in force, and says so; the CLI still reads it.
+        wait_for(
+            "the operator's settings in force",
+            Duration::from_secs(30),
+            || async {
+                let nv = match api.get(&name).await {
+                    Ok(nv) => nv,
+                    Err(e) => return Probe::NotYet(seen(e)),
+                };
+                let settings = nv
+                    .status
+                    .iter()
+                    .flat_map(|s| s.rollout_conditions.iter())
+                    .find(|c| {
+                        c.type_ == condition::ROLLOUT_SETTINGS
+                            && c.observed_generation == nv.metadata.generation
+                    })
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                match (settings.starts_with("maxSurge 2 (operator)"), cli_reads(&nv)) {
+                    (true, Ok(message)) => Probe::Done(message),
+                    (_, read) => Probe::NotYet(format!("settings {settings:?}, CLI {read:?}")),
+                }
+            },
+        )
+        .await
+    };
+    let (_, during) = tokio::join!(rollout, cli);
+    assert!(
+        during == "Some node versions are out of date"
+            || during == "Node version of every node is up to date",
+        "{during}"
+    );
+    wait_for("the CLI's status once done", Duration::from_secs(30), || async {
+        match api.get(&name).await.map_err(seen).and_then(|nv| cli_reads(&nv)) {
+            Ok(m) if m == "Node version of every node is up to date" => Probe::Done(()),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_no_leak(&r).await;
+    let peak = checker.peak_surge();
+    let found = checker.finish().await;
+    assert!(found.is_empty(), "invariants breached: {found:#?}");
+    assert!(peak <= 2, "peak surge {peak}");
     op.stop().await;
     let Rollout { env, sim, .. } = r;
     sim.sim.kill().await;

@@ -705,7 +705,7 @@ async fn a_node_version_without_a_cloud_says_that_none_is_configured() {
     wait_for("the conditions at generation 2", TIMEOUT, || async {
         match api.get(&name).await {
             Ok(nv) => {
-                let conditions = nv.status.map(|s| s.conditions).unwrap_or_default();
+                let conditions = nv.status.map(|s| s.rollout_conditions).unwrap_or_default();
                 match conditions.iter().find(|c| c.type_ == condition::DEGRADED) {
                     Some(c) if c.observed_generation == Some(2) && c.reason == "NoCloudProvider" => {
                         Probe::Done(())

@@ -284,7 +284,8 @@ async fn defaults_status_and_printer_columns_work_on_the_server() {
     let image = "projects/p/global/images/i";
     let mut created: Vec<(Api<DynamicObject>, String)> = Vec::new();
 
-    // No rollout: Constellation's behaviour, spelled out by the server's defaults.
+    // No rollout: Constellation's behaviour; nothing is filled in, so an
+    // absent field stays absent (the operator's default applies to it).
     let plain = env.name("plain");
     dyn_versions
         .create(
@@ -296,7 +297,12 @@ async fn defaults_status_and_printer_columns_work_on_the_server() {
     created.push((dyn_versions.clone(), plain.clone()));
     let got = versions.get(&plain).await.expect("the NodeVersion");
     assert_eq!(got.spec.rollout, Rollout::default());
-    assert_eq!(got.spec.rollout_limits(12).max_surge, 1);
+    assert_eq!(got.spec.rollout_limits(12, &Rollout::default()).max_surge, 1);
+    let operator = Rollout {
+        max_surge: Some(IntOrString::Int(3)),
+        ..Rollout::default()
+    };
+    assert_eq!(got.spec.rollout_limits(12, &operator).max_surge, 3);
 
     // Upstream's maxNodeBudget is the surge while maxSurge is unset; an
     // explicit maxSurge wins.
@@ -324,10 +330,14 @@ async fn defaults_status_and_printer_columns_work_on_the_server() {
             .unwrap_or_else(|e| panic!("a NodeVersion with {spec}: {e}"));
         created.push((dyn_versions.clone(), name.clone()));
         let got = versions.get(&name).await.expect("the NodeVersion");
-        assert_eq!(got.spec.rollout_limits(12).max_surge, want_surge, "{spec}");
+        assert_eq!(
+            got.spec.rollout_limits(12, &Rollout::default()).max_surge,
+            want_surge,
+            "{spec}"
+        );
     }
 
-    // A partial rollout (and a null) is completed with the defaults.
+    // A partial rollout (and a null): the rest is left to the defaults.
     let partial = env.name("partial");
     let rollout = json!({"maxSurge": "25%", "maxUnavailable": null, "drainTimeout": "1h30m"});
     let spec = json!({"image": image, "rollout": rollout});
@@ -342,8 +352,8 @@ async fn defaults_status_and_printer_columns_work_on_the_server() {
     let got = versions.get(&partial).await.expect("the NodeVersion");
     let rollout = &got.spec.rollout;
     assert_eq!(rollout.max_surge, Some(IntOrString::String("25%".into())));
-    assert_eq!(rollout.max_unavailable, IntOrString::Int(0));
-    assert!(rollout.control_plane_first);
+    assert_eq!(rollout.max_unavailable, None);
+    assert!(rollout.control_plane_first());
     assert_eq!(rollout.join_timeout(), Duration::from_secs(30 * 60));
     assert_eq!(rollout.drain_timeout(), Some(Duration::from_secs(5400)));
     assert_eq!(rollout.max_surge_for(12, 1), 3);

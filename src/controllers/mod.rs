@@ -55,6 +55,8 @@ pub struct App {
     pub maintenance: node_maintenance::MaintenanceConfig,
     /// Plan settings.
     pub plans: plan::PlanConfig,
+    /// The rollout settings a NodeVersion that leaves a field out gets.
+    pub rollout: crate::api::update::Rollout,
     /// metal3's BareMetalHost API is there: SIPClusters are served.
     pub bare_metal: bool,
     /// The drains this replica runs (NodeMaintenances' and so rollouts').
@@ -79,6 +81,7 @@ impl App {
             cloud: None,
             maintenance: Default::default(),
             plans: Default::default(),
+            rollout: Default::default(),
             bare_metal: false,
             drains: DrainEngine::new(manager.client().clone(), manager.leader()),
         }

@@ -70,21 +70,25 @@ impl Reconciler for NoCloudReconciler {
         let Some(nv) = nv else {
             return Ok(Action::Done);
         };
-        let existing = nv
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
+        let status = nv.status.clone().unwrap_or_default();
+        let existing = status.rollout_conditions;
         let Some(conditions) = no_cloud_conditions(&existing, nv.metadata.generation, Timestamp::now())
         else {
             return Ok(Action::Done);
         };
         let first = !existing.iter().any(|c| c.reason == reason::NO_CLOUD_PROVIDER);
+        // Constellation's CLI reads exactly one condition: only Outdated
+        // stays in `conditions` (an older nodewarden wrote more there).
+        let upstream: Vec<&Condition> = status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ == condition::OUTDATED)
+            .collect();
         Api::<NodeVersion>::all(self.client.clone())
             .patch_status(
                 &nv.name_any(),
                 &PatchParams::default(),
-                &Patch::Merge(&json!({"status": {"conditions": conditions}})),
+                &Patch::Merge(&json!({"status": {"rolloutConditions": conditions, "conditions": upstream}})),
             )
             .await?;
         if first {

@@ -36,9 +36,10 @@ use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, 
 use super::{delete_if_present, node_is_ready, node_maintenance, same_object};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
+use crate::api::update::rollout::SettingSource;
 use crate::api::update::{
     AutoscalingStrategy, NodeCounts, NodeVersion, NodeVersionStatus, PendingNode, PendingNodeGoal,
-    PendingNodeSpec, ScalingGroup, StatusList, condition, reason,
+    PendingNodeSpec, Rollout, ScalingGroup, StatusList, condition, message, reason,
 };
 use crate::cloud::{CloudProvider, CreateNodeRequest};
 use crate::error::{Error, Result};
@@ -127,6 +128,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         retired: Retired::default(),
         node_source: app.nodes.clone(),
         object_source: app.objects.clone(),
+        rollout_defaults: app.rollout.clone(),
     });
 }
 
@@ -167,6 +169,8 @@ pub struct NodeVersionReconciler {
     pub node_source: Source,
     /// The PendingNodes the `pending` store watches, for a fresh read.
     pub object_source: Source,
+    /// The rollout settings a NodeVersion that leaves a field out gets.
+    pub rollout_defaults: Rollout,
 }
 
 /// Why `donor` and `heir` (as read fresh) cannot be paired: either already
@@ -294,15 +298,15 @@ fn sort_joins(nv: &NodeVersion, scope: &Scope) -> (Joins, Vec<String>) {
 
 /// What the planner looks at: the scope's groups, its nodes' facts, the
 /// joins on their way and the budgets of `nv`.
-fn facts<'a>(nv: &NodeVersion, scope: &'a Scope, nodes: &'a [NodeFacts], joins: &'a Joins) -> Facts<'a> {
-    let limits = nv.spec.rollout_limits(nodes.len());
+fn facts<'a>(rollout: &Rollout, scope: &'a Scope, nodes: &'a [NodeFacts], joins: &'a Joins) -> Facts<'a> {
+    let limits = rollout.limits_for(nodes.len(), 1);
     Facts {
         groups: &scope.groups,
         nodes,
         joins: &joins.pending,
         max_surge: limits.max_surge,
         max_unavailable: limits.max_unavailable,
-        control_plane_first: nv.spec.rollout.control_plane_first,
+        control_plane_first: rollout.control_plane_first(),
     }
 }
 
@@ -359,8 +363,82 @@ fn waiting_for_control_plane(facts: &Facts<'_>) -> bool {
     worker_outdated && rollout::workers_wait_for_control_plane(facts)
 }
 
-/// Outdated, Progressing and Degraded as the counts, the plan and the
-/// problems say (pure).
+/// Constellation's one condition, Outdated, with its reasons and messages
+/// (its CLI shows the message as the cluster's status). Only Outdated is
+/// kept: the CLI refuses a NodeVersion with any other (pure).
+fn outdated_condition(
+    existing: &[Condition],
+    counts: &rollout::Counts,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let mut conditions: Vec<Condition> = existing
+        .iter()
+        .filter(|c| c.type_ == condition::OUTDATED)
+        .take(1)
+        .cloned()
+        .collect();
+    let outdated = counts.outdated > 0;
+    let (reason, message) = match outdated {
+        true => (
+            reason::NODE_VERSIONS_OUT_OF_DATE,
+            message::NODE_VERSIONS_OUT_OF_DATE,
+        ),
+        false => (
+            reason::NODE_VERSIONS_UP_TO_DATE,
+            message::NODE_VERSIONS_UP_TO_DATE,
+        ),
+    };
+    set_condition(
+        &mut conditions,
+        condition::OUTDATED,
+        outdated,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    conditions
+}
+
+/// RolloutSettings: the settings in force and where each comes from (pure).
+fn settings_condition(
+    conditions: &mut Vec<Condition>,
+    own: &Rollout,
+    defaults: &Rollout,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let described = Rollout::describe(own, defaults);
+    let all_own = described
+        .iter()
+        .all(|(_, _, from)| *from == SettingSource::NodeVersion);
+    let from = |source: SettingSource| match source {
+        SettingSource::NodeVersion => "spec",
+        SettingSource::Operator => "operator",
+        SettingSource::Builtin => "built in",
+    };
+    let message = described
+        .iter()
+        .map(|(name, value, source)| format!("{name} {value} ({})", from(*source)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let reason = match all_own {
+        true => reason::FROM_NODE_VERSION,
+        false => reason::FROM_OPERATOR,
+    };
+    set_condition(
+        conditions,
+        condition::ROLLOUT_SETTINGS,
+        true,
+        reason,
+        message,
+        generation,
+        now,
+    );
+}
+
+/// Progressing and Degraded as the counts, the plan and the problems say (pure).
 fn rollout_conditions(
     mut conditions: Vec<Condition>,
     facts: &Facts<'_>,
@@ -371,19 +449,6 @@ fn rollout_conditions(
     now: Timestamp,
 ) -> Vec<Condition> {
     let outdated = counts.outdated > 0;
-    set_condition(
-        &mut conditions,
-        condition::OUTDATED,
-        outdated,
-        if outdated {
-            reason::NODE_VERSIONS_OUT_OF_DATE
-        } else {
-            reason::NODE_VERSIONS_UP_TO_DATE
-        },
-        format!("{} of {} nodes outdated", counts.outdated, counts.nodes),
-        generation,
-        now,
-    );
     let waiting_for_group = facts.groups.iter().any(|g| !g.image_ready);
     let progressing_reason = if !outdated {
         reason::ROLLOUT_COMPLETE
@@ -399,7 +464,12 @@ fn rollout_conditions(
         condition::PROGRESSING,
         outdated,
         progressing_reason,
-        format!("{} nodes in flight", counts.surge + counts.unavailable),
+        format!(
+            "{} of {} nodes outdated, {} in flight",
+            counts.outdated,
+            counts.nodes,
+            counts.surge + counts.unavailable
+        ),
         generation,
         now,
     );
@@ -540,7 +610,8 @@ impl NodeVersionReconciler {
         let scope = self.scope(nv, annotated);
         let joins = self.settle_joins(nv, &scope).await?;
         let node_facts = self.node_facts(nv, &scope, &joins);
-        let facts = facts(nv, &scope, &node_facts, &joins);
+        let in_force = self.rollout(nv);
+        let facts = facts(&in_force, &scope, &node_facts, &joins);
         let steps = rollout::plan(&facts);
         let counts = rollout::counts(&facts);
         let rollout_trace = self.trace_rollout(nv, &counts).await?;
@@ -678,7 +749,8 @@ impl NodeVersionReconciler {
         );
         let (joins, _) = sort_joins(nv, &fresh);
         let node_facts = self.node_facts(nv, &fresh, &joins);
-        let facts = facts(nv, &fresh, &node_facts, &joins);
+        let in_force = self.rollout(nv);
+        let facts = facts(&in_force, &fresh, &node_facts, &joins);
         let confirmed = rollout::plan(&facts)
             .into_iter()
             .find_map(|step| match step {
@@ -698,6 +770,11 @@ impl NodeVersionReconciler {
     }
 
     /// What the planner needs to know of each node (reads only).
+    /// The rollout settings in force for `nv`.
+    fn rollout(&self, nv: &NodeVersion) -> Rollout {
+        nv.spec.rollout_in_force(&self.rollout_defaults)
+    }
+
     fn node_facts(&self, nv: &NodeVersion, scope: &Scope, joins: &Joins) -> Vec<NodeFacts> {
         let exists = |name: &str| scope.nodes.iter().any(|n| n.name_any() == name);
         scope
@@ -748,10 +825,9 @@ impl NodeVersionReconciler {
         // After the last pass's status (that write would undo this one), and
         // built on it.
         let mut status = self.status_writes.latest(nv).await;
-        let before = status.conditions.clone();
-        let conditions = &mut status.conditions;
+        let before = status.rollout_conditions.clone();
         set_condition(
-            conditions,
+            &mut status.rollout_conditions,
             condition::DEGRADED,
             true,
             reason::CLOUD_ERROR,
@@ -759,7 +835,7 @@ impl NodeVersionReconciler {
             nv.metadata.generation,
             Timestamp::now(),
         );
-        if status.conditions == before {
+        if status.rollout_conditions == before {
             return Ok(());
         }
         let api: Api<NodeVersion> = Api::all(self.client.clone());
@@ -767,7 +843,7 @@ impl NodeVersionReconciler {
             .patch_status(
                 &nv.name_any(),
                 &PatchParams::default(),
-                &Patch::Merge(&json!({"status": {"conditions": &status.conditions}})),
+                &Patch::Merge(&json!({"status": {"rolloutConditions": &status.rollout_conditions}})),
             )
             .await?;
         self.status_writes
@@ -924,7 +1000,7 @@ impl NodeVersionReconciler {
                 let count = self.confirmed_creates(nv, scope, group, *count).await?;
                 let deadline = Timestamp::now()
                     .checked_add(
-                        SignedDuration::try_from(nv.spec.rollout.join_timeout())
+                        SignedDuration::try_from(self.rollout(nv).join_timeout())
                             .unwrap_or(SignedDuration::from_secs(1800)),
                     )
                     .unwrap_or(Timestamp::now());
@@ -1019,7 +1095,7 @@ impl NodeVersionReconciler {
         // and taken up.
         self.drains.prepare(node);
         let mut spec = json!({"nodeName": node, "reason": format!("replaced by nodewarden (NodeVersion {})", nv.name_any())});
-        if let Some(timeout) = &nv.spec.rollout.drain_timeout {
+        if let Some(timeout) = &self.rollout(nv).drain_timeout {
             spec["drainTimeout"] = json!(timeout);
         }
         let mut metadata = json!({
@@ -1327,7 +1403,8 @@ impl NodeVersionReconciler {
                 Ok(Some(tp))
             }
             (Some((tp, started)), false) => {
-                let (started, now) = trace_rollout_end(&tp, started, nv, counts.nodes).await;
+                let surge = self.rollout(nv).limits_for(counts.nodes, 1).max_surge;
+                let (started, now) = trace_rollout_end(&tp, started, nv, counts.nodes, surge).await;
                 let patch = json!({"metadata": {"annotations": {
                     TRACEPARENT_ANNOTATION: null,
                     TRACE_STARTED_ANNOTATION: null,
@@ -1534,14 +1611,23 @@ impl NodeVersionReconciler {
             outdated: counts.outdated as u32,
             replacing: (counts.surge + counts.unavailable) as u32,
         });
-        status.conditions = rollout_conditions(
-            std::mem::take(&mut status.conditions),
+        let now = Timestamp::now();
+        status.conditions = outdated_condition(&status.conditions, counts, nv.metadata.generation, now);
+        status.rollout_conditions = rollout_conditions(
+            std::mem::take(&mut status.rollout_conditions),
             facts,
             counts,
             steps,
             problems,
             nv.metadata.generation,
-            Timestamp::now(),
+            now,
+        );
+        settings_condition(
+            &mut status.rollout_conditions,
+            &nv.spec.own_rollout(),
+            &self.rollout_defaults,
+            nv.metadata.generation,
+            now,
         );
         if status == base {
             return Ok(());
@@ -1554,8 +1640,24 @@ impl NodeVersionReconciler {
                 .find(|c| c.type_ == condition::DEGRADED && c.status == "True")
                 .map(|c| (c.reason.clone(), c.message.clone()))
         };
-        let before = degraded(&base.conditions);
-        if let Some((reason, message)) = degraded(&status.conditions)
+        let settings = |conditions: &[Condition]| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == condition::ROLLOUT_SETTINGS)
+                .map(|c| c.message.clone())
+        };
+        if let Some(message) = settings(&status.rollout_conditions)
+            && settings(&base.rollout_conditions).as_ref() != Some(&message)
+        {
+            self.event(
+                nv,
+                EventType::Normal,
+                "RolloutSettings",
+                format!("in force: {message}"),
+            );
+        }
+        let before = degraded(&base.rollout_conditions);
+        if let Some((reason, message)) = degraded(&status.rollout_conditions)
             && before.as_ref().map(|b| &b.0) != Some(&reason)
         {
             self.event(
@@ -2020,6 +2122,94 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    /// What the constellation CLI's `NewNodeVersion` requires: exactly one
+    /// condition, whose message it shows as the cluster's status. Older
+    /// nodewarden statuses (three conditions there) are brought down to it.
+    #[test]
+    fn constellations_cli_reads_exactly_one_condition() {
+        let older = [condition::OUTDATED, condition::PROGRESSING, condition::DEGRADED]
+            .iter()
+            .map(|t| Condition {
+                type_: t.to_string(),
+                status: "True".into(),
+                reason: "Old".into(),
+                message: "old".into(),
+                observed_generation: Some(1),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            })
+            .collect::<Vec<_>>();
+        for (outdated, want_status, want_reason, want_message) in [
+            (
+                3,
+                "True",
+                reason::NODE_VERSIONS_OUT_OF_DATE,
+                "Some node versions are out of date",
+            ),
+            (
+                0,
+                "False",
+                reason::NODE_VERSIONS_UP_TO_DATE,
+                "Node version of every node is up to date",
+            ),
+        ] {
+            let counts = rollout::Counts {
+                nodes: 5,
+                outdated,
+                ..Default::default()
+            };
+            for existing in [&older[..], &[]] {
+                let got = outdated_condition(existing, &counts, Some(2), Timestamp::now());
+                assert_eq!(got.len(), 1, "{got:?}");
+                let c = &got[0];
+                assert_eq!(
+                    (
+                        c.type_.as_str(),
+                        c.status.as_str(),
+                        c.reason.as_str(),
+                        c.message.as_str()
+                    ),
+                    (condition::OUTDATED, want_status, want_reason, want_message)
+                );
+                assert_eq!(c.observed_generation, Some(2));
+            }
+        }
+    }
+
+    #[test]
+    fn the_settings_in_force_are_named_with_their_source() {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let operator = Rollout {
+            max_surge: Some(IntOrString::Int(3)),
+            ..Rollout::default()
+        };
+        let own = Rollout {
+            max_unavailable: Some(IntOrString::String("10%".into())),
+            ..Rollout::default()
+        };
+        let mut conditions = Vec::new();
+        settings_condition(&mut conditions, &own, &operator, Some(4), Timestamp::now());
+        let c = &conditions[0];
+        assert_eq!(
+            (c.type_.as_str(), c.reason.as_str()),
+            (condition::ROLLOUT_SETTINGS, reason::FROM_OPERATOR)
+        );
+        assert_eq!(
+            c.message,
+            "maxSurge 3 (operator), maxUnavailable 10% (spec), controlPlaneFirst true (built in), \
+             joinTimeout 30m (built in), drainTimeout none (built in)"
+        );
+        let all = Rollout {
+            max_surge: Some(IntOrString::Int(1)),
+            max_unavailable: Some(IntOrString::Int(0)),
+            control_plane_first: Some(true),
+            join_timeout: Some("5m".into()),
+            drain_timeout: Some("1h".into()),
+        };
+        let mut conditions = Vec::new();
+        settings_condition(&mut conditions, &all, &operator, Some(4), Timestamp::now());
+        assert_eq!(conditions[0].reason, reason::FROM_NODE_VERSION);
     }
 
     #[test]

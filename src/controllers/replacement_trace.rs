@@ -232,6 +232,7 @@ pub async fn trace_rollout_end(
     started: Option<SystemTime>,
     nv: &crate::api::update::NodeVersion,
     nodes: usize,
+    max_surge: usize,
 ) -> (SystemTime, SystemTime) {
     let now = SystemTime::now();
     let started = started.unwrap_or(now);
@@ -243,7 +244,7 @@ pub async fn trace_rollout_end(
             .attr("nodewarden.nodes", nodes as i64)
             .attr(
                 "nodewarden.max_surge",
-                i64::try_from(nv.spec.rollout_limits(nodes).max_surge).unwrap_or(i64::MAX),
+                i64::try_from(max_surge).unwrap_or(i64::MAX),
             ),
     );
     trace::flush(TRACE_FLUSH_TIMEOUT).await;

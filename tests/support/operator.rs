@@ -80,6 +80,7 @@ impl TestEnv {
             webhook_limits: Default::default(),
             // Every test's operator serves SIPClusters: install_crds installs metal3's API.
             bare_metal: Some(true),
+            rollout: Default::default(),
             plans: nodewarden::controllers::plan::PlanConfig {
                 channel_poll: Duration::from_secs(2),
                 recheck: Duration::from_secs(2),

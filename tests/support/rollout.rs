@@ -585,7 +585,8 @@ impl ConditionLog {
             while let Some(event) = events.next().await {
                 let Ok(nv) = event else { continue };
                 let mut seen = record.lock().unwrap_or_else(|e| e.into_inner());
-                for c in nv.status.map(|s| s.conditions).unwrap_or_default() {
+                let status = nv.status.unwrap_or_default();
+                for c in status.conditions.into_iter().chain(status.rollout_conditions) {
                     seen.insert((c.type_, c.reason));
                 }
             }

@@ -54,10 +54,11 @@ where
             Ok(o) => serde_json::to_value(o).unwrap_or_default(),
             Err(e) => return Probe::NotYet(seen(e)),
         };
-        let conditions = object["status"]["conditions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        // A NodeVersion keeps nodewarden's conditions beside Constellation's one.
+        let conditions: Vec<serde_json::Value> = ["conditions", "rolloutConditions"]
+            .iter()
+            .flat_map(|list| object["status"][list].as_array().cloned().unwrap_or_default())
+            .collect();
         match conditions.iter().find(|c| c["type"] == type_) {
             Some(c) if c["status"] == status && c["reason"] == reason => {
                 Probe::Done(c["message"].as_str().unwrap_or_default().to_string())

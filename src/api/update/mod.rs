@@ -30,7 +30,8 @@ pub const GROUP: &str = "update.edgeless.systems";
 pub const DEFAULT_NODE_VERSION: &str = "constellation-version";
 
 /// Condition types. `Outdated` is Constellation's, on NodeVersion and
-/// ScalingGroup; the others are nodewarden's, on NodeVersion.
+/// ScalingGroup; the others are nodewarden's, in a NodeVersion's
+/// `status.rolloutConditions`.
 pub mod condition {
     /// True while any node (or, on a ScalingGroup, the group's image) is not
     /// the desired one.
@@ -39,6 +40,17 @@ pub mod condition {
     pub const PROGRESSING: &str = "Progressing";
     /// True when the rollout is stuck on something a human should look at.
     pub const DEGRADED: &str = "Degraded";
+    /// Always True: which rollout settings are in force, and from where.
+    pub const ROLLOUT_SETTINGS: &str = "RolloutSettings";
+}
+
+/// Constellation's messages for its Outdated condition (its CLI shows them
+/// as the cluster's status).
+pub mod message {
+    /// Outdated=False.
+    pub const NODE_VERSIONS_UP_TO_DATE: &str = "Node version of every node is up to date";
+    /// Outdated=True.
+    pub const NODE_VERSIONS_OUT_OF_DATE: &str = "Some node versions are out of date";
 }
 
 /// Condition reasons (CamelCase, stable: tooling may match on them).
@@ -67,4 +79,8 @@ pub mod reason {
     pub const CLOUD_ERROR: &str = "CloudError";
     /// Progressing=False, Degraded=True: nodewarden runs without a cloud provider.
     pub const NO_CLOUD_PROVIDER: &str = "NoCloudProvider";
+    /// RolloutSettings: every setting is the NodeVersion's own.
+    pub const FROM_NODE_VERSION: &str = "FromNodeVersion";
+    /// RolloutSettings: some come from the operator's defaults (or the built-in ones).
+    pub const FROM_OPERATOR: &str = "FromOperatorDefaults";
 }

@@ -39,6 +39,16 @@ use super::rollout::Rollout;
         description = "nodes still on an old image or components"
     ),
     printcolumn(
+        name = "Rollout",
+        type_ = "string",
+        json_path = ".status.rolloutConditions[?(@.type=='Progressing')].reason"
+    ),
+    printcolumn(
+        name = "Degraded",
+        type_ = "string",
+        json_path = ".status.rolloutConditions[?(@.type=='Degraded')].status"
+    ),
+    printcolumn(
         name = "Replacing",
         type_ = "integer",
         json_path = ".status.replacing",
@@ -74,11 +84,15 @@ pub struct NodeVersionSpec {
     /// The Kubernetes version the cluster advertises.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kubernetes_cluster_version: String,
-    /// How fast the rollout may go (nodewarden only; absent: one node at a time, like Constellation).
-    #[serde(default)]
+    /// How fast the rollout may go (nodewarden only). Each field left out
+    /// takes the operator's default (`--rollout-*`), else Constellation's
+    /// behaviour: one node at a time.
+    #[serde(default, skip_serializing_if = "Rollout::is_unset")]
     pub rollout: Rollout,
-    /// Nodes replaced at once (upstream Constellation's field): the surge when
-    /// spec.rollout.maxSurge is unset. Unset or 0: 1.
+    /// Nodes replaced at once: the surge when spec.rollout.maxSurge is
+    /// unset. Unset or 0: the operator's default, else 1. (A field of a
+    /// Constellation branch that never merged; its releases replace one
+    /// node at a time.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // int32: the API server knows no "uint32" format (and warns on every apply).
     #[schemars(extend("format" = "int32"))]
@@ -86,17 +100,29 @@ pub struct NodeVersionSpec {
 }
 
 impl NodeVersionSpec {
-    /// The surge when spec.rollout.maxSurge is unset: maxNodeBudget, at least 1.
-    pub fn unset_surge(&self) -> usize {
-        self.max_node_budget
+    /// This NodeVersion's own settings: `rollout`, with maxNodeBudget
+    /// standing in for an unset maxSurge.
+    pub fn own_rollout(&self) -> Rollout {
+        let budget = self
+            .max_node_budget
             .filter(|n| *n > 0)
-            .and_then(|n| usize::try_from(n).ok())
-            .unwrap_or(1)
+            .and_then(|n| i32::try_from(n).ok())
+            .map(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int);
+        Rollout {
+            max_surge: self.rollout.max_surge.clone().or(budget),
+            ..self.rollout.clone()
+        }
     }
 
-    /// The rollout's limits over `total` nodes (maxNodeBudget standing in for an unset maxSurge).
-    pub fn rollout_limits(&self, total: usize) -> super::rollout::RolloutLimits {
-        self.rollout.limits_for(total, self.unset_surge())
+    /// The settings in force: this NodeVersion's, each unset one the
+    /// operator's (`defaults`).
+    pub fn rollout_in_force(&self, defaults: &Rollout) -> Rollout {
+        self.own_rollout().over(defaults)
+    }
+
+    /// The rollout's limits over `total` nodes with the settings in force.
+    pub fn rollout_limits(&self, total: usize, defaults: &Rollout) -> super::rollout::RolloutLimits {
+        self.rollout_in_force(defaults).limits_for(total, 1)
     }
 }
 
@@ -138,9 +164,16 @@ pub struct NodeVersionStatus {
     // int32: the API server knows no "uint32" format (and warns on every apply).
     #[schemars(extend("format" = "int32"))]
     pub budget: u32,
-    /// Outdated (Constellation's), Progressing and Degraded, each with its observedGeneration.
+    /// Constellation's one condition, `Outdated`, with its reasons and
+    /// messages: its CLI (`constellation status`, `upgrade check`) requires
+    /// exactly one and shows its message as the cluster's status.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// nodewarden's conditions, each with its observedGeneration:
+    /// Progressing, Degraded and RolloutSettings (which settings are in
+    /// force and where each comes from).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollout_conditions: Vec<Condition>,
     /// Whether a Kubernetes version upgrade is under way (Constellation's lowercase name).
     #[serde(default, rename = "activeclusterversionupgrade")]
     pub active_cluster_version_upgrade: bool,

@@ -30,70 +30,130 @@ const COUNT_OR_PERCENT_TO_100_RULE: &str =
 /// CEL: a Go duration, the same shape `parse_duration` reads.
 const DURATION_RULE: &str = "self.matches('^([0-9]+(\\\\.[0-9]+)?(ms|s|m|h))+$')";
 
-/// Settings of the rolling replacement. Every field has a default, so an
-/// absent `rollout` behaves exactly like Constellation.
-#[derive(KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Settings of the rolling replacement. Every field is optional and has no
+/// schema default: an absent field takes the operator's default (its
+/// `--rollout-*` flags), else Constellation's behaviour. So a client that
+/// writes the whole NodeVersion back without knowing `rollout` (the
+/// constellation CLI's `apply` does) falls back to the operator's settings,
+/// not to a surge of 1 mid-rollout.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new(BOTH_ZERO_RULE).message(
     "spec.rollout.maxSurge and spec.rollout.maxUnavailable must not both be 0: the rollout could never progress"
 ))]
 pub struct Rollout {
     /// Extra nodes at once while replacing: a count or a percentage (rounded up).
-    /// Unset: the NodeVersion's maxNodeBudget, else 1.
+    /// Unset: the NodeVersion's maxNodeBudget, else the operator's default, else 1.
     // 1 is Constellation's fixed surge; a percentage is of the nodes this NodeVersion governs.
-    // No schema default: an unset surge must stay distinguishable from 1 so
-    // upstream's spec.maxNodeBudget can stand in for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new(COUNT_OR_PERCENT_RULE)
         .message("spec.rollout.maxSurge must be a count (0 or more) or a percentage such as 25%"))]
     // Not nullable: null is pruned and defaulted (kube marks optional int-or-strings nullable).
     #[schemars(extend("nullable" = false))]
     pub max_surge: Option<IntOrString>,
-    /// Nodes drained before their replacement is Ready: a count or a percentage (rounded down). Default 0.
-    #[serde(default = "default_max_unavailable")]
+    /// Nodes drained before their replacement is Ready: a count or a
+    /// percentage (rounded down). Unset: the operator's default, else 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new(COUNT_OR_PERCENT_TO_100_RULE)
         .message("spec.rollout.maxUnavailable must be a count (0 or more) or a percentage from 0% to 100%"))]
     // Not nullable: null is pruned and defaulted (kube marks optional int-or-strings nullable).
     #[schemars(extend("nullable" = false))]
-    pub max_unavailable: IntOrString,
-    /// Replace control-plane nodes before workers (keep on when Kubernetes changes version). Default true.
+    pub max_unavailable: Option<IntOrString>,
+    /// Replace control-plane nodes before workers (keep on when Kubernetes
+    /// changes version). Unset: the operator's default, else true.
     // A kubelet must never be newer than its API server; false only lets
     // image-only rollouts of both roles overlap.
-    #[serde(default = "default_true")]
-    pub control_plane_first: bool,
-    /// How long a new node may take to join and be Ready before it is deleted (e.g. "30m"). Default 30m.
-    #[serde(default = "default_join_timeout")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_first: Option<bool>,
+    /// How long a new node may take to join and be Ready before it is
+    /// deleted (e.g. "30m"). Unset: the operator's default, else 30m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE)
         .message("spec.rollout.joinTimeout must be a duration such as 90s, 30m or 1h30m"))]
-    pub join_timeout: String,
-    /// Give up draining an outdated node after this long (e.g. "1h"). Unset: wait as long as it takes.
+    pub join_timeout: Option<String>,
+    /// Give up draining an outdated node after this long (e.g. "1h").
+    /// Unset: the operator's default, else wait as long as it takes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE)
         .message("spec.rollout.drainTimeout must be a duration such as 90s, 30m or 1h30m"))]
     pub drain_timeout: Option<String>,
 }
 
-fn default_max_unavailable() -> IntOrString {
-    IntOrString::Int(0)
+/// Where a setting in force came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SettingSource {
+    /// The NodeVersion's `spec.rollout` (or `spec.maxNodeBudget`).
+    NodeVersion,
+    /// The operator's `--rollout-*` flag.
+    Operator,
+    /// Neither: Constellation's behaviour.
+    Builtin,
 }
 
-fn default_true() -> bool {
-    true
-}
+impl Rollout {
+    /// Whether no field is set.
+    pub fn is_unset(&self) -> bool {
+        *self == Rollout::default()
+    }
 
-fn default_join_timeout() -> String {
-    DEFAULT_JOIN_TIMEOUT.to_string()
-}
-
-impl Default for Rollout {
-    fn default() -> Self {
+    /// Each field this rollout sets, else `defaults`' (field by field).
+    pub fn over(&self, defaults: &Rollout) -> Rollout {
         Rollout {
-            max_surge: None,
-            max_unavailable: default_max_unavailable(),
-            control_plane_first: true,
-            join_timeout: default_join_timeout(),
-            drain_timeout: None,
+            max_surge: self.max_surge.clone().or_else(|| defaults.max_surge.clone()),
+            max_unavailable: self
+                .max_unavailable
+                .clone()
+                .or_else(|| defaults.max_unavailable.clone()),
+            control_plane_first: self.control_plane_first.or(defaults.control_plane_first),
+            join_timeout: self
+                .join_timeout
+                .clone()
+                .or_else(|| defaults.join_timeout.clone()),
+            drain_timeout: self
+                .drain_timeout
+                .clone()
+                .or_else(|| defaults.drain_timeout.clone()),
         }
+    }
+
+    /// Each setting in force over `own` (the NodeVersion's) and `defaults`
+    /// (the operator's): its JSON name, value and source, for people.
+    pub fn describe(own: &Rollout, defaults: &Rollout) -> Vec<(&'static str, String, SettingSource)> {
+        fn pick<T: Clone>(own: &Option<T>, defaults: &Option<T>) -> (Option<T>, SettingSource) {
+            match (own, defaults) {
+                (Some(v), _) => (Some(v.clone()), SettingSource::NodeVersion),
+                (None, Some(v)) => (Some(v.clone()), SettingSource::Operator),
+                (None, None) => (None, SettingSource::Builtin),
+            }
+        }
+        let int_or_string = |v: IntOrString| match v {
+            IntOrString::Int(n) => n.to_string(),
+            IntOrString::String(s) => s,
+        };
+        let (surge, surge_from) = pick(&own.max_surge, &defaults.max_surge);
+        let (unavailable, unavailable_from) = pick(&own.max_unavailable, &defaults.max_unavailable);
+        let (first, first_from) = pick(&own.control_plane_first, &defaults.control_plane_first);
+        let (join, join_from) = pick(&own.join_timeout, &defaults.join_timeout);
+        let (drain, drain_from) = pick(&own.drain_timeout, &defaults.drain_timeout);
+        vec![
+            (
+                "maxSurge",
+                surge.map(int_or_string).unwrap_or("1".into()),
+                surge_from,
+            ),
+            (
+                "maxUnavailable",
+                unavailable.map(int_or_string).unwrap_or("0".into()),
+                unavailable_from,
+            ),
+            ("controlPlaneFirst", first.unwrap_or(true).to_string(), first_from),
+            (
+                "joinTimeout",
+                join.unwrap_or(DEFAULT_JOIN_TIMEOUT.into()),
+                join_from,
+            ),
+            ("drainTimeout", drain.unwrap_or("none".into()), drain_from),
+        ]
     }
 }
 
@@ -121,7 +181,15 @@ impl Rollout {
     /// `maxUnavailable` for a rollout over `total` nodes; a percentage rounds
     /// down (like a Deployment's). A malformed value counts as the default, 0.
     pub fn max_unavailable_for(&self, total: usize) -> usize {
-        scaled_int_or_percent(&self.max_unavailable, total, false).unwrap_or(0)
+        self.max_unavailable
+            .as_ref()
+            .and_then(|u| scaled_int_or_percent(u, total, false))
+            .unwrap_or(0)
+    }
+
+    /// `controlPlaneFirst`, true when unset.
+    pub fn control_plane_first(&self) -> bool {
+        self.control_plane_first.unwrap_or(true)
     }
 
     /// Both limits for `total` nodes, with `unset_surge` standing in for an
@@ -142,7 +210,7 @@ impl Rollout {
 
     /// `joinTimeout` as a Duration (the default, 30 minutes, if malformed).
     pub fn join_timeout(&self) -> Duration {
-        parse_duration(&self.join_timeout)
+        parse_duration(self.join_timeout.as_deref().unwrap_or(DEFAULT_JOIN_TIMEOUT))
             .or_else(|| parse_duration(DEFAULT_JOIN_TIMEOUT))
             .unwrap_or(Duration::from_secs(30 * 60))
     }
@@ -224,7 +292,7 @@ mod tests {
     fn rollout(surge: IntOrString, unavailable: IntOrString) -> Rollout {
         Rollout {
             max_surge: Some(surge),
-            max_unavailable: unavailable,
+            max_unavailable: Some(unavailable),
             ..Rollout::default()
         }
     }
@@ -288,7 +356,7 @@ mod tests {
         ];
         for (join, drain, want_join, want_drain) in cases {
             let r = Rollout {
-                join_timeout: join.to_string(),
+                join_timeout: Some(join.to_string()),
                 drain_timeout: drain.map(str::to_string),
                 ..Rollout::default()
             };
@@ -304,14 +372,47 @@ mod tests {
     #[test]
     fn absent_fields_take_constellations_defaults() {
         let r: Rollout = serde_json::from_str("{}").expect("an empty rollout parses");
-        assert_eq!(r, Rollout::default());
-        assert_eq!(r.max_surge, None);
+        assert!(r.is_unset());
         assert_eq!(r.max_surge_for(10, 1), 1);
-        assert_eq!(r.max_unavailable, int(0));
-        assert!(r.control_plane_first);
-        assert_eq!(r.join_timeout, "30m");
-        assert_eq!(r.drain_timeout, None);
+        assert_eq!(r.max_unavailable_for(10), 0);
+        assert!(r.control_plane_first());
+        assert_eq!(r.join_timeout(), Duration::from_secs(1800));
+        assert_eq!(r.drain_timeout(), None);
+        assert_eq!(serde_json::to_string(&r).expect("serializes"), "{}");
         let r: Rollout = serde_json::from_str(r#"{"maxSurge": "25%", "maxUnavailable": 2}"#).expect("parses");
-        assert_eq!((r.max_surge, r.max_unavailable), (Some(pct("25%")), int(2)));
+        assert_eq!((r.max_surge, r.max_unavailable), (Some(pct("25%")), Some(int(2))));
+    }
+
+    #[test]
+    fn the_nodeversions_fields_override_the_operators_one_by_one() {
+        let operator = Rollout {
+            max_surge: Some(int(3)),
+            join_timeout: Some("10m".into()),
+            control_plane_first: Some(false),
+            ..Rollout::default()
+        };
+        let own = Rollout {
+            max_surge: Some(pct("50%")),
+            max_unavailable: Some(int(1)),
+            ..Rollout::default()
+        };
+        let in_force = own.over(&operator);
+        assert_eq!(in_force.max_surge, Some(pct("50%")));
+        assert_eq!(in_force.max_unavailable, Some(int(1)));
+        assert_eq!(in_force.join_timeout.as_deref(), Some("10m"));
+        assert_eq!(in_force.control_plane_first, Some(false));
+        // Written back without `rollout`: the operator's settings, not 1.
+        assert_eq!(Rollout::default().over(&operator).max_surge_for(10, 1), 3);
+        let described = Rollout::describe(&own, &operator);
+        let want = [
+            ("maxSurge", "50%", SettingSource::NodeVersion),
+            ("maxUnavailable", "1", SettingSource::NodeVersion),
+            ("controlPlaneFirst", "false", SettingSource::Operator),
+            ("joinTimeout", "10m", SettingSource::Operator),
+            ("drainTimeout", "none", SettingSource::Builtin),
+        ];
+        let got: Vec<(&str, &str, SettingSource)> =
+            described.iter().map(|(k, v, s)| (*k, v.as_str(), *s)).collect();
+        assert_eq!(got, want);
     }
 }
