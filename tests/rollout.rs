@@ -1,6 +1,6 @@
 //! Rolling replacement end to end: the real control plane, kwok nodes, the
 //! sim-cloud as a separate process, nodewarden's controllers in-process, and
-//! a checker watching the invariants of DESIGN.md throughout.
+//! a checker watching the rollout invariants throughout (`support::rollout::check`).
 
 mod support;
 

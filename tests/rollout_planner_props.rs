@@ -2,7 +2,7 @@
 //! random clusters, budgets and orders of events, including a leader that
 //! dies part-way through carrying out a plan (only a prefix of its steps is
 //! written, a pairing possibly half-written), checked against the
-//! invariants of DESIGN.md after every single change:
+//! rollout invariants after every single change:
 //!
 //! - the nodes in flight never exceed `maxSurge` plus the nodes drained
 //!   early (drained before they had a Ready heir, which maxUnavailable

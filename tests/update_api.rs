@@ -486,7 +486,10 @@ async fn defaults_status_and_printer_columns_work_on_the_server() {
 #[test]
 fn generated_crds_have_printer_columns_status_and_cluster_scope() {
     let want: [(&str, &[&str]); 5] = [
-        ("NodeVersion", &["Image", "Progress", "Outdated", "Age"]),
+        (
+            "NodeVersion",
+            &["Image", "Progress", "Outdated", "Rollout", "Degraded", "Age"],
+        ),
         ("ScalingGroup", &["Role", "Group", "Image", "Age"]),
         ("PendingNode", &["Node", "Goal", "State", "Deadline", "Age"]),
         (

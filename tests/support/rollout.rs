@@ -1,6 +1,6 @@
 //! A rollout's fixtures shared by the rollout tests: the sim-cloud with its
 //! groups, the NodeVersion and ScalingGroups, a workload with a budget, and
-//! the invariant checker that watches DESIGN.md's invariants as they happen.
+//! the invariant checker that watches the rollout invariants as they happen.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,7 @@ impl Breaches {
     }
 }
 
-/// Watches the cluster and checks the invariants of DESIGN.md on every
+/// Watches the cluster and checks the rollout invariants on every
 /// change, as it happens: never more nodes than `base + surge` counting
 /// instances on their way (invariant 1); a node disappears only while its heir
 /// is Ready (invariant 2, judged on the node's last state, which the deletion
