@@ -161,9 +161,10 @@ struct RunArgs {
     /// Watch upgrade Plans in this namespace only (default: all namespaces).
     #[arg(long, env = "NODEWARDEN_PLAN_NAMESPACE")]
     plan_namespace: Option<String>,
-    /// How often a Plan's channel is asked for the latest version (seconds).
-    #[arg(long, default_value_t = 900.0)]
-    plan_channel_poll: f64,
+    /// How often a Plan's channel is asked for the latest version: seconds,
+    /// or a duration such as 15m (upstream's SYSTEM_UPGRADE_PLAN_POLLING_INTERVAL).
+    #[arg(long, env = "SYSTEM_UPGRADE_PLAN_POLLING_INTERVAL", default_value = "900", value_parser = seconds_or_duration)]
+    plan_channel_poll: Duration,
     /// How long a node must stay Ready after its upgrade before the next starts (seconds).
     #[arg(long, default_value_t = 10.0)]
     plan_settle: f64,
@@ -403,7 +404,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         },
         plans: PlanConfig {
             namespace: args.plan_namespace,
-            channel_poll: seconds(args.plan_channel_poll, "plan-channel-poll")?,
+            channel_poll: args.plan_channel_poll,
             settle: seconds(args.plan_settle, "plan-settle")?,
             jobs: JobDefaults {
                 active_deadline_secs: args.plan_job_deadline,
@@ -583,4 +584,13 @@ fn go_duration(s: &str) -> Result<String, String> {
         Some(_) => Ok(s.to_string()),
         None => Err(format!("{s:?} is not a duration such as 90s, 30m or 1h30m")),
     }
+}
+
+/// Seconds (`900`, `2.5`) or a duration (`15m`, `1h30m`).
+fn seconds_or_duration(s: &str) -> Result<Duration, String> {
+    let parsed = match s.parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).ok(),
+        Err(_) => nodewarden::api::node_maintenance::parse_duration(s),
+    };
+    parsed.ok_or_else(|| format!("{s:?} is neither a number of seconds nor a duration such as 15m"))
 }
