@@ -34,6 +34,7 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
         },
         certificates: Default::default(),
         node_selector: Some(env.run_selector()),
+        etcd: Default::default(),
         refresh: Duration::from_secs(1),
     });
     let operator = env.start_operator_from(config).await;
@@ -222,6 +223,7 @@ async fn certificates_from_cert_manager_are_served_as_they_are() {
         names,
         certificates: CertSource::CertManager,
         node_selector: Some(env.run_selector()),
+        etcd: Default::default(),
         refresh: Duration::from_secs(1),
     });
     let operator = env.start_operator_from(config).await;
