@@ -87,10 +87,13 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
         "{refused}"
     );
 
-    // etcd quorum: one of three control-plane nodes may go, a second may not.
+    // etcd quorum, stacked etcd: one of three members may go, a second may not.
     let cp = env
         .create_kwok_nodes(3, &[("node-role.kubernetes.io/control-plane", "")])
         .await;
+    for node in &cp {
+        create_etcd_pod(&env, node).await;
+    }
     create(&nms, &maintenance(&env, "cp-0", &cp[0]))
         .await
         .expect("one of three control-plane nodes may be in maintenance");
@@ -99,11 +102,16 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
         .expect_err("a second control-plane node breaks quorum");
     assert!(
         refused.contains(&format!(
-            "can not put control-plane node {} into maintenance",
+            "can not put master/control-plane node into maintenance at this moment, disrupting node {} \
+             will violate etcd quorum",
             cp[1]
-        )) && refused.contains("quorum"),
+        )) && refused.contains(&format!("static pod kube-system/etcd-{}", cp[1]))
+            && refused.contains("1 of the 3 members"),
         "{refused}"
     );
+    for node in &cp {
+        delete_etcd_pod(&env, node).await;
+    }
 
     // A ScalingGroup naming a NodeVersion that does not exist.
     let sg: ScalingGroup = serde_json::from_value(json!({
@@ -123,6 +131,57 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
     // Admitted objects are handled as usual.
     let first = nms.get(&env.name("first")).await.expect("the first maintenance");
     assert_eq!(first.name_any(), env.name("first"));
+    delete_configuration(&env, &configuration).await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// The etcd quorum rule applies only where an etcd member runs: the one
+/// control-plane node of a cluster is refused maintenance while a static etcd
+/// pod runs on it, naming it, and admitted once etcd is external (no pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_control_plane_node_may_go_into_maintenance_only_where_etcd_is_external() {
+    let env = TestEnv::new("admission-etcd").await;
+    let port = free_port();
+    let configuration = env.name("webhook");
+    create_configuration(&env, &configuration, port).await;
+    let mut config = env.operator_config(Default::default(), None, "operator");
+    let mut admission = AdmissionConfig::in_namespace(
+        format!("127.0.0.1:{port}").parse().expect("an address"),
+        &env.namespace,
+    );
+    admission.secret = env.name("webhook-tls");
+    admission.webhook_configuration = configuration.clone();
+    admission.names.dns = Vec::new();
+    admission.node_selector = Some(env.run_selector());
+    admission.refresh = Duration::from_secs(1);
+    config.admission = Some(admission);
+    let operator = env.start_operator_from(config).await;
+    wait_ca_bundle(&env, &configuration).await;
+    let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    first_refusal(&env, &nms, &env.name("no-such-node")).await;
+
+    let cp = env
+        .create_kwok_nodes(1, &[("node-role.kubernetes.io/control-plane", "")])
+        .await
+        .remove(0);
+    create_etcd_pod(&env, &cp).await;
+    let refused = create(&nms, &maintenance(&env, "stacked", &cp))
+        .await
+        .expect_err("the only etcd member may not go");
+    assert!(
+        refused.contains(&format!("disrupting node {cp} will violate etcd quorum"))
+            && refused.contains(&format!(
+                "an etcd member runs on it (static pod kube-system/etcd-{cp})"
+            ))
+            && refused.contains("0 of the 1 members")
+            && refused.contains("more than half of its members (1)"),
+        "{refused}"
+    );
+    delete_etcd_pod(&env, &cp).await;
+    create(&nms, &maintenance(&env, "external", &cp))
+        .await
+        .expect("with external etcd the control-plane node may go");
     delete_configuration(&env, &configuration).await;
     operator.stop().await;
     env.cleanup().await;

@@ -68,10 +68,7 @@ pub fn etcd_members(
                     None => p.name == format!("etcd-{n}"),
                 };
                 let pod = pods.iter().find(on_node)?;
-                Some((
-                    n.clone(),
-                    format!("static pod {ETCD_POD_NAMESPACE}/{}", pod.name),
-                ))
+                Some((n.clone(), format!("static pod {ETCD_POD_NAMESPACE}/{}", pod.name)))
             })
             .collect(),
     }
@@ -216,7 +213,11 @@ mod tests {
         for (placement, pods, want) in cases {
             let want: BTreeMap<String, String> =
                 want.iter().map(|(n, w)| (n.to_string(), w.to_string())).collect();
-            assert_eq!(etcd_members(placement, &control_plane, pods), want, "{placement:?}");
+            assert_eq!(
+                etcd_members(placement, &control_plane, pods),
+                want,
+                "{placement:?}"
+            );
         }
         for (flag, want) in [
             ("auto", Ok(EtcdPlacement::Detect)),
@@ -356,8 +357,10 @@ mod tests {
             (
                 "the reason is upstream's, with ours after",
                 create("c1", Some(&single)),
-                Err("can not put master/control-plane node into maintenance at this moment, disrupting node c1 \
-                     will violate etcd quorum: "),
+                Err(
+                    "can not put master/control-plane node into maintenance at this moment, disrupting node c1 \
+                     will violate etcd quorum: ",
+                ),
             ),
         ];
         for (what, m, want) in cases {

@@ -658,8 +658,13 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
                     .map(|c| c.message.clone())
                     .unwrap_or_default(),
             };
-            self.event(&obj.object_ref(&()), type_, reason, &format!("node {node_name}: {note}"))
-                .await;
+            self.event(
+                &obj.object_ref(&()),
+                type_,
+                reason,
+                &format!("node {node_name}: {note}"),
+            )
+            .await;
         }
         Ok(phase)
     }

@@ -83,7 +83,12 @@ pub fn take_over(node: &Node, want: &Quarantine, owner: &str) -> Result<Option<N
     apply_as(node, want, owner, true)
 }
 
-fn apply_as(node: &Node, want: &Quarantine, owner: &str, adopt: bool) -> Result<Option<Node>, QuarantineError> {
+fn apply_as(
+    node: &Node,
+    want: &Quarantine,
+    owner: &str,
+    adopt: bool,
+) -> Result<Option<Node>, QuarantineError> {
     let before = recorded_changes(node);
     let mut record = match &before {
         Some(r) if r.owner != owner => {
@@ -157,12 +162,7 @@ pub fn lift_unrecorded(node: &Node, want: &Quarantine) -> Option<Node> {
             spec.unschedulable = None;
         }
         if let Some(taints) = spec.taints.as_mut() {
-            taints.retain(|t| {
-                !want
-                    .taints
-                    .iter()
-                    .any(|w| w.key == t.key && w.effect == t.effect)
-            });
+            taints.retain(|t| !want.taints.iter().any(|w| w.key == t.key && w.effect == t.effect));
             if taints.is_empty() {
                 spec.taints = None;
             }
@@ -339,7 +339,9 @@ mod tests {
             Some(BTreeMap::from([("keep".to_string(), "me".to_string())]))
         );
         // A plain apply keeps what was there before.
-        let plain = apply(&nmo, &quarantine(), "nm/x").expect("free").expect("recorded");
+        let plain = apply(&nmo, &quarantine(), "nm/x")
+            .expect("free")
+            .expect("recorded");
         let back = undo(&plain, "nm/x").expect("ours");
         assert_eq!(back.spec, nmo.spec);
     }
@@ -348,9 +350,15 @@ mod tests {
     fn an_unrecorded_quarantine_is_lifted_only_where_no_one_holds_the_node() {
         // (node, lifted: (cordoned after, taints after), or None)
         let clean = node(json!({"metadata": {"name": "n1"}, "spec": {}}));
-        let held = apply(&clean, &quarantine(), "plan/p").expect("free").expect("held");
+        let held = apply(&clean, &quarantine(), "plan/p")
+            .expect("free")
+            .expect("held");
         let cases: [(&str, Node, Option<(bool, Vec<&str>)>); 3] = [
-            ("as NMO left it", as_nmo_left_it(), Some((false, vec!["dedicated:NoSchedule"]))),
+            (
+                "as NMO left it",
+                as_nmo_left_it(),
+                Some((false, vec!["dedicated:NoSchedule"])),
+            ),
             ("nothing to lift", clean, None),
             ("another owner holds it", held, None),
         ];
