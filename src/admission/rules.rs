@@ -188,7 +188,8 @@ mod tests {
             pod("etcd-c3", None),
         ];
         // (placement, pods, members with how they are known)
-        let cases: [(EtcdPlacement, &[EtcdPod], &[(&str, &str)]); 5] = [
+        type Case<'a> = (EtcdPlacement, &'a [EtcdPod], &'a [(&'a str, &'a str)]);
+        let cases: [Case; 5] = [
             (
                 EtcdPlacement::Detect,
                 &pods,

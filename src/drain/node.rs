@@ -353,7 +353,8 @@ mod tests {
         let held = apply(&clean, &quarantine(), "plan/p")
             .expect("free")
             .expect("held");
-        let cases: [(&str, Node, Option<(bool, Vec<&str>)>); 3] = [
+        type Lifted<'a> = Option<(bool, Vec<&'a str>)>;
+        let cases: [(&str, Node, Lifted); 3] = [
             (
                 "as NMO left it",
                 as_nmo_left_it(),
