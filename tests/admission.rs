@@ -14,31 +14,12 @@ use nodewarden::api::node_maintenance::{kubevirt, medik8s};
 use nodewarden::api::update::ScalingGroup;
 use serde_json::json;
 use support::admission::*;
-use support::{Probe, RUN_LABEL, TestEnv, wait_for};
+use support::{Probe, RUN_LABEL, RunningOperator, TestEnv, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
     let env = TestEnv::new("admission").await;
-    let port = free_port();
-    let configuration = env.name("webhook");
-    create_configuration(&env, &configuration, port).await;
-    let mut config = env.operator_config(Default::default(), None, "operator");
-    config.admission = Some(AdmissionConfig {
-        addr: format!("127.0.0.1:{port}").parse().expect("an address"),
-        namespace: env.namespace.clone(),
-        secret: env.name("webhook-tls"),
-        webhook_configuration: configuration.clone(),
-        names: ServingNames {
-            dns: Vec::new(),
-            ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
-        },
-        certificates: Default::default(),
-        node_selector: Some(env.run_selector()),
-        etcd: Default::default(),
-        refresh: Duration::from_secs(1),
-    });
-    let operator = env.start_operator_from(config).await;
-    wait_ca_bundle(&env, &configuration).await;
+    let (operator, configuration) = operator_with_webhook(&env).await;
 
     let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
     // A node that does not exist.
@@ -136,28 +117,40 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
     env.cleanup().await;
 }
 
+/// nodewarden with its webhook on a free port and a configuration of the
+/// test's own pointing at it, once its CA is in the configuration's
+/// caBundle. Returns the operator and the configuration's name.
+async fn operator_with_webhook(env: &TestEnv) -> (RunningOperator, String) {
+    let port = free_port();
+    let configuration = env.name("webhook");
+    create_configuration(env, &configuration, port).await;
+    let mut config = env.operator_config(Default::default(), None, "operator");
+    config.admission = Some(AdmissionConfig {
+        addr: format!("127.0.0.1:{port}").parse().expect("an address"),
+        namespace: env.namespace.clone(),
+        secret: env.name("webhook-tls"),
+        webhook_configuration: configuration.clone(),
+        names: ServingNames {
+            dns: Vec::new(),
+            ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+        },
+        certificates: Default::default(),
+        node_selector: Some(env.run_selector()),
+        etcd: Default::default(),
+        refresh: Duration::from_secs(1),
+    });
+    let operator = env.start_operator_from(config).await;
+    wait_ca_bundle(env, &configuration).await;
+    (operator, configuration)
+}
+
 /// The etcd quorum rule applies only where an etcd member runs: the one
 /// control-plane node of a cluster is refused maintenance while a static etcd
 /// pod runs on it, naming it, and admitted once etcd is external (no pod).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_control_plane_node_may_go_into_maintenance_only_where_etcd_is_external() {
     let env = TestEnv::new("admission-etcd").await;
-    let port = free_port();
-    let configuration = env.name("webhook");
-    create_configuration(&env, &configuration, port).await;
-    let mut config = env.operator_config(Default::default(), None, "operator");
-    let mut admission = AdmissionConfig::in_namespace(
-        format!("127.0.0.1:{port}").parse().expect("an address"),
-        &env.namespace,
-    );
-    admission.secret = env.name("webhook-tls");
-    admission.webhook_configuration = configuration.clone();
-    admission.names.dns = Vec::new();
-    admission.node_selector = Some(env.run_selector());
-    admission.refresh = Duration::from_secs(1);
-    config.admission = Some(admission);
-    let operator = env.start_operator_from(config).await;
-    wait_ca_bundle(&env, &configuration).await;
+    let (operator, configuration) = operator_with_webhook(&env).await;
     let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
     first_refusal(&env, &nms, &env.name("no-such-node")).await;
 

@@ -104,9 +104,11 @@ fn apply_as(
         },
     };
     let mut out = node.clone();
+    let mut changed = false;
 
     let spec = out.spec.get_or_insert_with(Default::default);
     if want.cordon && (adopt || spec.unschedulable != Some(true)) {
+        changed |= spec.unschedulable != Some(true);
         spec.unschedulable = Some(true);
         record.cordoned = true;
     }
@@ -117,6 +119,7 @@ fn apply_as(
             .any(|have| have.key == t.key && have.effect == t.effect);
         if !present {
             taints.push(t.clone());
+            changed = true;
         }
         if (!present || adopt) && !record.taints.contains(&taint_id(t)) {
             record.taints.push(taint_id(t));
@@ -127,6 +130,7 @@ fn apply_as(
         let adoptable = adopt && labels.get(k) == Some(v);
         if !labels.contains_key(k) {
             labels.insert(k.clone(), v.clone());
+            changed = true;
         } else if !adoptable {
             continue;
         }
@@ -134,10 +138,9 @@ fn apply_as(
             record.labels.push(k.clone());
         }
     }
-    // Every change to the node is recorded, so an unchanged record means an
-    // unchanged node. The record is written even when the node is not
-    // changed otherwise, so the node is held.
-    if before.as_ref() == Some(&record) {
+    // The record is written even when the node is not changed otherwise,
+    // so the node is held.
+    if !changed && before.as_ref() == Some(&record) {
         return Ok(None);
     }
     let annotations = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
@@ -259,6 +262,13 @@ mod tests {
         assert_eq!(record.labels, ["remediation.medik8s.io/exclude-from-remediation"]);
         // Applying again changes nothing.
         assert_eq!(apply(&held, &quarantine(), "nm/x"), Ok(None));
+        // Uncordoned by someone else while held: cordoned again.
+        let mut lifted = held.clone();
+        lifted.spec.as_mut().expect("a spec").unschedulable = None;
+        let again = apply(&lifted, &quarantine(), "nm/x")
+            .expect("ours")
+            .expect("changed");
+        assert_eq!(again, held);
         let back = undo(&held, "nm/x").expect("ours");
         assert_eq!(back.spec.as_ref().and_then(|s| s.unschedulable), None);
         assert!(taint_keys(&back).is_empty());
