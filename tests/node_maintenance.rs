@@ -1220,6 +1220,8 @@ async fn maintenances_the_node_maintenance_operator_began_are_undone_and_deleted
         env.wait_events("NodeMaintenance", &nm.name_any(), &["RemovedMaintenance"])
             .await;
     }
+    env.wait_events("NodeMaintenance", &kept.name_any(), &["TakenOverMaintenance"])
+        .await;
     op.stop().await;
     env.cleanup().await;
 }

@@ -502,6 +502,18 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
             let mut finalizers = obj.finalizers().to_vec();
             finalizers.push(FINALIZER.to_string());
             patch_finalizers(&api, obj.as_ref(), finalizers).await?;
+            if begun_by_nmo(obj.finalizers()) {
+                self.event(
+                    &obj.object_ref(&()),
+                    EventType::Normal,
+                    "TakenOverMaintenance",
+                    &format!(
+                        "node {node_name}: maintenance begun by the Node Maintenance Operator, finished by \
+                         nodewarden (its cordon, taints and label undone on deletion, {NMO_FINALIZER} removed then)"
+                    ),
+                )
+                .await;
+            }
             // The update comes back as a watch event and reconciles again.
             return Ok(Action::Done);
         }
