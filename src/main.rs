@@ -228,6 +228,13 @@ struct RunArgs {
     /// caBundle) or `cert-manager` (it fills the Secret and the caBundle).
     #[arg(long, default_value = "own", value_parser = ["own", "cert-manager"])]
     webhook_certs: String,
+    /// Where etcd's members run, for the webhook's quorum rule on control-plane
+    /// nodes: `auto` (where a static pod `kube-system/etcd-<node>`, label
+    /// `component=etcd`, runs, as kubeadm and RKE2 make them), `true` (on every
+    /// control-plane node: etcd without a pod, such as k3s's) or `false`
+    /// (external etcd: no maintenance is refused for quorum).
+    #[arg(long, env = "NODEWARDEN_ETCD_ON_CONTROL_PLANE", default_value = "auto")]
+    etcd_on_control_plane: nodewarden::admission::rules::EtcdPlacement,
     /// The ValidatingWebhookConfiguration whose caBundle nodewarden keeps current.
     #[arg(long, default_value = "nodewarden")]
     webhook_configuration: String,
@@ -363,6 +370,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         a.secret = args.webhook_secret.clone();
         a.webhook_configuration = args.webhook_configuration.clone();
         a.node_selector = args.node_selector.clone();
+        a.etcd = args.etcd_on_control_plane;
         if args.webhook_certs == "cert-manager" {
             a.certificates = nodewarden::admission::CertSource::CertManager;
         }

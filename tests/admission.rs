@@ -14,30 +14,12 @@ use nodewarden::api::node_maintenance::{kubevirt, medik8s};
 use nodewarden::api::update::ScalingGroup;
 use serde_json::json;
 use support::admission::*;
-use support::{Probe, RUN_LABEL, TestEnv, wait_for};
+use support::{Probe, RUN_LABEL, RunningOperator, TestEnv, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
     let env = TestEnv::new("admission").await;
-    let port = free_port();
-    let configuration = env.name("webhook");
-    create_configuration(&env, &configuration, port).await;
-    let mut config = env.operator_config(Default::default(), None, "operator");
-    config.admission = Some(AdmissionConfig {
-        addr: format!("127.0.0.1:{port}").parse().expect("an address"),
-        namespace: env.namespace.clone(),
-        secret: env.name("webhook-tls"),
-        webhook_configuration: configuration.clone(),
-        names: ServingNames {
-            dns: Vec::new(),
-            ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
-        },
-        certificates: Default::default(),
-        node_selector: Some(env.run_selector()),
-        refresh: Duration::from_secs(1),
-    });
-    let operator = env.start_operator_from(config).await;
-    wait_ca_bundle(&env, &configuration).await;
+    let (operator, configuration) = operator_with_webhook(&env).await;
 
     let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
     // A node that does not exist.
@@ -86,10 +68,13 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
         "{refused}"
     );
 
-    // etcd quorum: one of three control-plane nodes may go, a second may not.
+    // etcd quorum, stacked etcd: one of three members may go, a second may not.
     let cp = env
         .create_kwok_nodes(3, &[("node-role.kubernetes.io/control-plane", "")])
         .await;
+    for node in &cp {
+        create_etcd_pod(&env, node).await;
+    }
     create(&nms, &maintenance(&env, "cp-0", &cp[0]))
         .await
         .expect("one of three control-plane nodes may be in maintenance");
@@ -98,11 +83,16 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
         .expect_err("a second control-plane node breaks quorum");
     assert!(
         refused.contains(&format!(
-            "can not put control-plane node {} into maintenance",
+            "can not put master/control-plane node into maintenance at this moment, disrupting node {} \
+             will violate etcd quorum",
             cp[1]
-        )) && refused.contains("quorum"),
+        )) && refused.contains(&format!("static pod kube-system/etcd-{}", cp[1]))
+            && refused.contains("1 of the 3 members"),
         "{refused}"
     );
+    for node in &cp {
+        delete_etcd_pod(&env, node).await;
+    }
 
     // A ScalingGroup naming a NodeVersion that does not exist.
     let sg: ScalingGroup = serde_json::from_value(json!({
@@ -122,6 +112,69 @@ async fn the_webhook_refuses_what_the_node_maintenance_operator_refuses() {
     // Admitted objects are handled as usual.
     let first = nms.get(&env.name("first")).await.expect("the first maintenance");
     assert_eq!(first.name_any(), env.name("first"));
+    delete_configuration(&env, &configuration).await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// nodewarden with its webhook on a free port and a configuration of the
+/// test's own pointing at it, once its CA is in the configuration's
+/// caBundle. Returns the operator and the configuration's name.
+async fn operator_with_webhook(env: &TestEnv) -> (RunningOperator, String) {
+    let port = free_port();
+    let configuration = env.name("webhook");
+    create_configuration(env, &configuration, port).await;
+    let mut config = env.operator_config(Default::default(), None, "operator");
+    config.admission = Some(AdmissionConfig {
+        addr: format!("127.0.0.1:{port}").parse().expect("an address"),
+        namespace: env.namespace.clone(),
+        secret: env.name("webhook-tls"),
+        webhook_configuration: configuration.clone(),
+        names: ServingNames {
+            dns: Vec::new(),
+            ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+        },
+        certificates: Default::default(),
+        node_selector: Some(env.run_selector()),
+        etcd: Default::default(),
+        refresh: Duration::from_secs(1),
+    });
+    let operator = env.start_operator_from(config).await;
+    wait_ca_bundle(env, &configuration).await;
+    (operator, configuration)
+}
+
+/// The etcd quorum rule applies only where an etcd member runs: the one
+/// control-plane node of a cluster is refused maintenance while a static etcd
+/// pod runs on it, naming it, and admitted once etcd is external (no pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_control_plane_node_may_go_into_maintenance_only_where_etcd_is_external() {
+    let env = TestEnv::new("admission-etcd").await;
+    let (operator, configuration) = operator_with_webhook(&env).await;
+    let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    first_refusal(&env, &nms, &env.name("no-such-node")).await;
+
+    let cp = env
+        .create_kwok_nodes(1, &[("node-role.kubernetes.io/control-plane", "")])
+        .await
+        .remove(0);
+    create_etcd_pod(&env, &cp).await;
+    let refused = create(&nms, &maintenance(&env, "stacked", &cp))
+        .await
+        .expect_err("the only etcd member may not go");
+    assert!(
+        refused.contains(&format!("disrupting node {cp} will violate etcd quorum"))
+            && refused.contains(&format!(
+                "an etcd member runs on it (static pod kube-system/etcd-{cp})"
+            ))
+            && refused.contains("0 of the 1 members")
+            && refused.contains("more than half of its members (1)"),
+        "{refused}"
+    );
+    delete_etcd_pod(&env, &cp).await;
+    create(&nms, &maintenance(&env, "external", &cp))
+        .await
+        .expect("with external etcd the control-plane node may go");
     delete_configuration(&env, &configuration).await;
     operator.stop().await;
     env.cleanup().await;
@@ -222,6 +275,7 @@ async fn certificates_from_cert_manager_are_served_as_they_are() {
         names,
         certificates: CertSource::CertManager,
         node_selector: Some(env.run_selector()),
+        etcd: Default::default(),
         refresh: Duration::from_secs(1),
     });
     let operator = env.start_operator_from(config).await;

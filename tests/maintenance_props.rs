@@ -123,7 +123,8 @@ proptest! {
         let mut in_maintenance: Vec<String> = Vec::new();
         for i in order.into_iter().filter(|&i| i < members) {
             let node = format!("cp-{i}");
-            let cp = ControlPlane { nodes: nodes.clone(), available: available.clone() };
+            let etcd = nodes.iter().map(|n| (n.clone(), format!("static pod kube-system/etcd-{n}"))).collect();
+            let cp = ControlPlane { members: etcd, available: available.clone() };
             let verdict = maintenance_create(&MaintenanceCreate {
                 node_name: &node,
                 node_exists: true,

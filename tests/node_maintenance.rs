@@ -1089,3 +1089,139 @@ async fn a_succeeded_drain_still_shows_the_pods_bound_since() {
     );
     shutdown.cancel();
 }
+
+/// The finalizer the Node Maintenance Operator puts on every NodeMaintenance it begins.
+const NMO_FINALIZER: &str = "foregroundDeleteNodeMaintenance";
+
+/// Leaves `node` as the Node Maintenance Operator leaves a node in
+/// maintenance (cordoned, both taints, the exclude label), and creates a
+/// NodeMaintenance for it as that operator writes it: its finalizer, and a
+/// `Succeeded` status.
+async fn as_nmo_left_it(env: &TestEnv, name: &str, node_name: &str) -> medik8s::NodeMaintenance {
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let mut taints: Vec<serde_json::Value> = node(env, node_name)
+        .await
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .iter()
+        .map(|t| json!(t))
+        .collect();
+    taints.push(json!({"key": "medik8s.io/drain", "effect": "NoSchedule"}));
+    taints.push(json!({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}));
+    let patch = json!({
+        "metadata": {"labels": {"remediation.medik8s.io/exclude-from-remediation": "true"}},
+        "spec": {"unschedulable": true, "taints": taints},
+    });
+    nodes
+        .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("the node as NMO leaves it");
+    let mut nm = maintenance(env, name, node_name, json!({}));
+    nm.metadata.finalizers = Some(vec![NMO_FINALIZER.to_string()]);
+    create_nm(env, &nm).await;
+    let status = json!({"status": {
+        "phase": "Succeeded", "drainProgress": 100, "totalpods": 0, "evictionPods": 0,
+        "pendingPods": [], "lastUpdate": "2026-01-01T00:00:00Z",
+    }});
+    Api::<medik8s::NodeMaintenance>::all(env.client.clone())
+        .patch_status(&nm.name_any(), &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("the status as NMO writes it")
+}
+
+/// The node carries nothing of a maintenance: schedulable, neither taint,
+/// no exclude label.
+fn restored(node: &Node) -> Result<(), String> {
+    let keys = taint_keys(node);
+    let excluded = node
+        .labels()
+        .contains_key("remediation.medik8s.io/exclude-from-remediation");
+    match cordoned(node)
+        || keys.contains("medik8s.io/drain")
+        || keys.contains("node.kubernetes.io/unschedulable")
+        || excluded
+    {
+        false => Ok(()),
+        true => Err(format!(
+            "cordoned {}, taints {keys:?}, excluded {excluded}",
+            cordoned(node)
+        )),
+    }
+}
+
+async fn wait_restored(env: &TestEnv, node_name: &str) {
+    wait_for(&format!("{node_name} restored"), TIMEOUT, || async {
+        match restored(&node(env, node_name).await) {
+            Ok(()) => Probe::Done(()),
+            Err(e) => Probe::NotYet(e),
+        }
+    })
+    .await
+}
+
+/// After a switch from the Node Maintenance Operator, its NodeMaintenances
+/// are finished by nodewarden: one it was still holding is taken over and,
+/// once deleted, undone whole and let go (both finalizers); one deleted
+/// while no operator ran (Terminating on NMO's finalizer alone) is undone
+/// and let go as soon as nodewarden starts. The uncordon is an
+/// `UncordonNode` Event on the node, as NMO records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenances_the_node_maintenance_operator_began_are_undone_and_deleted() {
+    let env = TestEnv::new("nm-nmo").await;
+    support::install_crds(&env.client).await;
+    let nodes = env.create_kwok_nodes(2, &[]).await;
+    let (held, deleted) = (&nodes[0], &nodes[1]);
+    let api: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    let kept = as_nmo_left_it(&env, "held", held).await;
+    let gone = as_nmo_left_it(&env, "deleted", deleted).await;
+    api.delete(&gone.name_any(), &DeleteParams::default())
+        .await
+        .expect("deleting");
+    let terminating = api.get(&gone.name_any()).await.expect("held by NMO's finalizer");
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+
+    let op = env.start_operator(MaintenanceConfig::default()).await;
+    wait_gone(&env.client, &gone.name_any()).await;
+    wait_restored(&env, deleted).await;
+
+    // Taken over: nodewarden's finalizer beside NMO's, the node still held.
+    wait_for("the held maintenance taken over", TIMEOUT, || async {
+        match api.get(&kept.name_any()).await {
+            Ok(nm)
+                if nm
+                    .finalizers()
+                    .iter()
+                    .any(|f| f == "nodewarden.dev/node-maintenance")
+                    && nm.status.as_ref().and_then(|s| s.phase) == Some(MaintenancePhase::Succeeded) =>
+            {
+                Probe::Done(())
+            }
+            Ok(nm) => Probe::NotYet(format!(
+                "finalizers {:?}, status {:?}",
+                nm.finalizers(),
+                nm.status
+            )),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    assert!(restored(&node(&env, held).await).is_err(), "still in maintenance");
+    api.delete(&kept.name_any(), &DeleteParams::default())
+        .await
+        .expect("deleting");
+    wait_gone(&env.client, &kept.name_any()).await;
+    wait_restored(&env, held).await;
+
+    for node_name in [held, deleted] {
+        env.wait_events("Node", node_name, &["UncordonNode"]).await;
+    }
+    for nm in [&kept, &gone] {
+        env.wait_events("NodeMaintenance", &nm.name_any(), &["RemovedMaintenance"])
+            .await;
+    }
+    env.wait_events("NodeMaintenance", &kept.name_any(), &["TakenOverMaintenance"])
+        .await;
+    op.stop().await;
+    env.cleanup().await;
+}

@@ -13,7 +13,8 @@
 //!
 //! Reads are live (GET/LIST at the API server), not from the caches: two
 //! NodeMaintenances created a moment apart must see each other, and
-//! admission is rare enough for that to cost nothing.
+//! admission is rare enough for that to cost nothing. The static etcd pods
+//! are read only for a control-plane node, by label in kube-system alone.
 
 pub mod certs;
 pub mod limits;
@@ -57,6 +58,9 @@ pub struct AdmissionConfig {
     /// Only Nodes matching this label selector count as the control plane
     /// whose quorum is guarded (the operator's --node-selector).
     pub node_selector: Option<String>,
+    /// Where etcd's members run: the quorum rule applies only to a node
+    /// that runs one (the operator's --etcd-on-control-plane).
+    pub etcd: rules::EtcdPlacement,
     /// How often the Secret is read again (new certificate, renewal) and the
     /// caBundle checked.
     pub refresh: Duration,
@@ -82,6 +86,7 @@ impl AdmissionConfig {
             },
             certificates: CertSource::Own,
             node_selector: None,
+            etcd: Default::default(),
             refresh: Duration::from_secs(10),
         }
     }

@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionReview, Operation};
@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::certs::{self, CertBundle};
 use super::limits::{self, Limits, Refusal};
 use super::review::{self, Reviewed};
-use super::rules::{self, ControlPlane, MaintenanceCreate};
+use super::rules::{self, ControlPlane, EtcdPlacement, EtcdPod, MaintenanceCreate};
 use super::{AdmissionConfig, CertSource};
 use crate::api::node_maintenance::{MaintenanceObject, MaintenancePhase, kubevirt, medik8s};
 use crate::api::update::NodeVersion;
@@ -123,6 +123,7 @@ async fn serve_on(
     let webhook = Arc::new(Webhook {
         client,
         node_selector: config.node_selector.clone(),
+        etcd: config.etcd,
         limits,
         reviews: Arc::new(Semaphore::new(limits.max_in_flight)),
         metrics,
@@ -159,6 +160,7 @@ async fn serve_on(
 struct Webhook {
     client: Client,
     node_selector: Option<String>,
+    etcd: EtcdPlacement,
     limits: Limits,
     /// One permit per review in progress.
     reviews: Arc<Semaphore>,
@@ -242,7 +244,7 @@ impl Webhook {
             .map_err(|_| Refusal::BodyTimeout(self.limits.body_timeout))??;
         let review = review::parse(&bytes)?;
         drop(bytes);
-        let verdict = decide(&self.client, self.node_selector.as_deref(), &review.request).await;
+        let verdict = decide(self, &review.request).await;
         if let Err(message) = &verdict {
             let request = &review.request;
             tracing::info!(kind = %request.kind.kind, name = %request.name, %message, "admission denied");
@@ -270,11 +272,12 @@ fn response(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Re
 }
 
 /// What the rules say of one request, after the reads they need.
-async fn decide(client: &Client, node_selector: Option<&str>, req: &review::Request) -> Result<(), String> {
+async fn decide(webhook: &Webhook, req: &review::Request) -> Result<(), String> {
+    let client = &webhook.client;
     let (object, old) = (req.object.as_ref(), req.old_object.as_ref());
     match (req.kind.kind.as_str(), &req.operation) {
         ("NodeMaintenance", Operation::Create) => {
-            maintenance_create(client, node_selector, &req.name, Reviewed::node_name(object)).await
+            maintenance_create(webhook, &req.name, Reviewed::node_name(object)).await
         }
         ("NodeMaintenance", Operation::Update) => {
             rules::maintenance_update(Reviewed::node_name(old), Reviewed::node_name(object))
@@ -336,12 +339,29 @@ async fn maintenances(client: &Client, except: &str) -> Result<Vec<(String, bool
         .collect())
 }
 
-async fn maintenance_create(
-    client: &Client,
-    node_selector: Option<&str>,
-    name: &str,
-    node_name: &str,
-) -> Result<(), String> {
+/// The static etcd pods (one LIST of kube-system by label: a few pods),
+/// read only where they decide something.
+async fn etcd_pods(client: &Client, placement: EtcdPlacement) -> Result<Vec<EtcdPod>, String> {
+    if placement != EtcdPlacement::Detect {
+        return Ok(Vec::new());
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), rules::ETCD_POD_NAMESPACE);
+    let list = pods
+        .list(&ListParams::default().labels(rules::ETCD_POD_SELECTOR))
+        .await
+        .map_err(|e| format!("cannot list the etcd pods now: {e}"))?;
+    Ok(list
+        .items
+        .iter()
+        .map(|p| EtcdPod {
+            name: p.name_any(),
+            node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        })
+        .collect())
+}
+
+async fn maintenance_create(webhook: &Webhook, name: &str, node_name: &str) -> Result<(), String> {
+    let (client, node_selector) = (&webhook.client, webhook.node_selector.as_deref());
     let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes
         .get_opt(node_name)
@@ -369,10 +389,12 @@ async fn maintenance_create(
                 .list(&params)
                 .await
                 .map_err(|e| format!("cannot list the control-plane nodes now: {e}"))?;
-            let members: Vec<&Node> = all.items.iter().filter(|n| is_control_plane(n)).collect();
+            let control_plane: Vec<&Node> = all.items.iter().filter(|n| is_control_plane(n)).collect();
+            let names = control_plane.iter().map(|n| n.name_any()).collect();
+            let pods = etcd_pods(client, webhook.etcd).await?;
             Some(ControlPlane {
-                nodes: members.iter().map(|n| n.name_any()).collect(),
-                available: members
+                members: rules::etcd_members(webhook.etcd, &names, &pods),
+                available: control_plane
                     .iter()
                     .filter(|n| {
                         crate::controllers::node_is_ready(n)

@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::LeaseSpec;
-use k8s_openapi::api::core::v1::{Namespace, Node, Taint};
+use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Recorder};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::App;
@@ -44,6 +44,11 @@ use tokio::time::Instant;
 
 /// Held on every NodeMaintenance until its changes to the node are undone.
 pub const FINALIZER: &str = "nodewarden.dev/node-maintenance";
+/// The Node Maintenance Operator's finalizer, on every NodeMaintenance it
+/// began. nodewarden finishes those: it takes over their quarantine and
+/// removes this finalizer with its own once the node is restored, so none
+/// stays Terminating after a switch.
+pub const NMO_FINALIZER: &str = "foregroundDeleteNodeMaintenance";
 /// The taint that keeps new pods off a node in maintenance (medik8s's).
 pub use crate::drain::node::DRAIN_TAINT;
 /// The taint a cordoned node carries.
@@ -335,6 +340,28 @@ fn same_status(a: &NodeMaintenanceStatus, b: &NodeMaintenanceStatus) -> bool {
     strip(a) == strip(b)
 }
 
+/// Whether the Node Maintenance Operator began this maintenance (its finalizer).
+pub fn begun_by_nmo(finalizers: &[String]) -> bool {
+    finalizers.iter().any(|f| f == NMO_FINALIZER)
+}
+
+/// Whether a maintenance being deleted is nodewarden's to finish: it holds
+/// nodewarden's finalizer, or the Node Maintenance Operator's (no one else
+/// will remove that one).
+pub fn to_finish(finalizers: &[String]) -> bool {
+    finalizers.iter().any(|f| f == FINALIZER) || begun_by_nmo(finalizers)
+}
+
+/// The finalizers left once nodewarden finished a maintenance: its own and
+/// the Node Maintenance Operator's go, any other tool's stay.
+pub fn finalizers_after_leaving(finalizers: &[String]) -> Vec<String> {
+    finalizers
+        .iter()
+        .filter(|f| *f != FINALIZER && *f != NMO_FINALIZER)
+        .cloned()
+        .collect()
+}
+
 /// The event for a phase change.
 fn phase_event(prev: Option<MaintenancePhase>, next: MaintenancePhase) -> Option<(EventType, &'static str)> {
     match (prev, next) {
@@ -466,7 +493,7 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
         let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
 
         if obj.meta().deletion_timestamp.is_some() {
-            if has_finalizer {
+            if to_finish(obj.finalizers()) {
                 self.leave(&api, obj.as_ref(), &owner, &node_name).await?;
             }
             return Ok(Action::Done);
@@ -475,6 +502,18 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
             let mut finalizers = obj.finalizers().to_vec();
             finalizers.push(FINALIZER.to_string());
             patch_finalizers(&api, obj.as_ref(), finalizers).await?;
+            if begun_by_nmo(obj.finalizers()) {
+                self.event(
+                    &obj.object_ref(&()),
+                    EventType::Normal,
+                    "TakenOverMaintenance",
+                    &format!(
+                        "node {node_name}: maintenance begun by the Node Maintenance Operator, finished by \
+                         nodewarden (its cordon, taints and label undone on deletion, {NMO_FINALIZER} removed then)"
+                    ),
+                )
+                .await;
+            }
             // The update comes back as a watch event and reconciles again.
             return Ok(Action::Done);
         }
@@ -566,7 +605,8 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         let node_name = obj.node_name();
         let owner = owner_of(obj);
         let written = self.set_owner_reference(api, obj, node).await?;
-        self.quarantine(node_name, &owner).await?;
+        self.quarantine(node_name, &owner, begun_by_nmo(obj.finalizers()))
+            .await?;
         let options = DrainOptions {
             timeout: obj.drain_timeout().and_then(parse_duration),
             on_timeout: obj.on_drain_timeout(),
@@ -630,8 +670,13 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
                     .map(|c| c.message.clone())
                     .unwrap_or_default(),
             };
-            self.event(obj, type_, reason, &format!("node {node_name}: {note}"))
-                .await;
+            self.event(
+                &obj.object_ref(&()),
+                type_,
+                reason,
+                &format!("node {node_name}: {note}"),
+            )
+            .await;
         }
         Ok(phase)
     }
@@ -696,17 +741,36 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         trace::flush(Duration::from_secs(2)).await;
     }
 
-    /// Deleted: stop the drain, undo our changes, release the lease, let go.
+    /// Deleted: stop the drain, undo our changes, release the lease, let go
+    /// (of the Node Maintenance Operator's finalizer too).
     async fn leave(&self, api: &Api<M>, obj: &M, owner: &str, node_name: &str) -> Result<()> {
         self.ctx.engine.stop(node_name, owner);
         let nodes: Api<Node> = Api::all(self.ctx.client.clone());
-        if let Some(node) = nodes.get_opt(node_name).await?
-            && let Some(restored) = quarantine::undo(&node, owner)
-        {
-            self.ctx.leader.ensure_leader()?;
-            nodes
-                .replace(node_name, &PostParams::default(), &restored)
-                .await?;
+        let by_nmo = begun_by_nmo(obj.finalizers());
+        if let Some(node) = nodes.get_opt(node_name).await? {
+            // A maintenance the Node Maintenance Operator began and deleted
+            // before nodewarden took it over has no record: lifted whole, as
+            // that operator would have.
+            let restored = quarantine::undo(&node, owner).or_else(|| {
+                by_nmo
+                    .then(|| quarantine::lift_unrecorded(&node, &quarantine_spec(M::DRAIN_TAINT)))
+                    .flatten()
+            });
+            if let Some(restored) = restored {
+                self.ctx.leader.ensure_leader()?;
+                nodes
+                    .replace(node_name, &PostParams::default(), &restored)
+                    .await?;
+                if quarantine::uncordoned(&node, &restored) {
+                    self.event(
+                        &node.object_ref(&()),
+                        EventType::Normal,
+                        "UncordonNode",
+                        &format!("node {node_name} uncordoned: maintenance {owner} ended"),
+                    )
+                    .await;
+                }
+            }
         }
         let holds_lease = (self.ctx.claims_of)(node_name)
             .iter()
@@ -714,16 +778,10 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         if !holds_lease {
             self.release_lease(node_name).await?;
         }
-        let finalizers: Vec<String> = obj
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        patch_finalizers(api, obj, finalizers).await?;
+        patch_finalizers(api, obj, finalizers_after_leaving(obj.finalizers())).await?;
         self.ctx.release(owner);
         self.event(
-            obj,
+            &obj.object_ref(&()),
             EventType::Normal,
             "RemovedMaintenance",
             &format!("node {node_name} left maintenance"),
@@ -754,10 +812,18 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
     }
 
     /// Cordon, taints and the exclude label, recorded on the node for undo.
-    async fn quarantine(&self, node_name: &str, owner: &str) -> Result<()> {
+    /// Of a maintenance the Node Maintenance Operator began, the quarantine
+    /// it made is taken over: undone whole on deletion, as it would have.
+    async fn quarantine(&self, node_name: &str, owner: &str, by_nmo: bool) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.ctx.client.clone());
         let node = nodes.get(node_name).await?;
-        match quarantine::apply(&node, &quarantine_spec(M::DRAIN_TAINT), owner) {
+        let spec = quarantine_spec(M::DRAIN_TAINT);
+        let applied = if by_nmo {
+            quarantine::take_over(&node, &spec, owner)
+        } else {
+            quarantine::apply(&node, &spec, owner)
+        };
+        match applied {
             Ok(Some(held)) => {
                 self.ctx.leader.ensure_leader()?;
                 // `held` carries the resourceVersion read above: a concurrent
@@ -871,9 +937,11 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         }
     }
 
-    async fn event(&self, obj: &M, type_: EventType, reason: &str, note: &str) {
+    /// An Event about `regarding` (the maintenance, or its node as the Node
+    /// Maintenance Operator does for UncordonNode).
+    async fn event(&self, regarding: &ObjectReference, type_: EventType, reason: &str, note: &str) {
         let event = super::event(type_, reason, "Maintenance", note);
-        if let Err(e) = self.ctx.recorder.publish(&event, &obj.object_ref(&())).await {
+        if let Err(e) = self.ctx.recorder.publish(&event, regarding).await {
             tracing::warn!(error = %e, reason, "publishing an event failed");
         }
     }
@@ -1353,6 +1421,25 @@ mod tests {
             err.contains("spec.drainTimeout") && err.contains("ns/p0 blocked by ns/web-pdb"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn finalizers_nodewarden_finishes_and_removes() {
+        let f = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // (finalizers, begun by NMO, nodewarden finishes it, left after)
+        let cases: [(&[&str], bool, bool, &[&str]); 5] = [
+            (&[FINALIZER], false, true, &[]),
+            (&[NMO_FINALIZER], true, true, &[]),
+            (&[NMO_FINALIZER, FINALIZER], true, true, &[]),
+            (&["other.io/keep", NMO_FINALIZER], true, true, &["other.io/keep"]),
+            (&["other.io/keep"], false, false, &["other.io/keep"]),
+        ];
+        for (have, by_nmo, finish, left) in cases {
+            let have = f(have);
+            assert_eq!(begun_by_nmo(&have), by_nmo, "{have:?}");
+            assert_eq!(to_finish(&have), finish, "{have:?}");
+            assert_eq!(finalizers_after_leaving(&have), f(left), "{have:?}");
+        }
     }
 
     #[test]

@@ -72,14 +72,32 @@ pub fn recorded_changes(node: &Node) -> Option<NodeChanges> {
 /// The node with `want` applied on behalf of `owner`, or None when nothing
 /// needs to change. Only what was not there already is recorded as ours.
 pub fn apply(node: &Node, want: &Quarantine, owner: &str) -> Result<Option<Node>, QuarantineError> {
-    let mut record = match recorded_changes(node) {
+    apply_as(node, want, owner, false)
+}
+
+/// [`apply`] for a quarantine another tool began and would lift whole when
+/// it ends (a NodeMaintenance the Node Maintenance Operator started): what of
+/// `want` is on the node already is recorded as `owner`'s too, so [`undo`]
+/// lifts it as that tool would have.
+pub fn take_over(node: &Node, want: &Quarantine, owner: &str) -> Result<Option<Node>, QuarantineError> {
+    apply_as(node, want, owner, true)
+}
+
+fn apply_as(
+    node: &Node,
+    want: &Quarantine,
+    owner: &str,
+    adopt: bool,
+) -> Result<Option<Node>, QuarantineError> {
+    let before = recorded_changes(node);
+    let mut record = match &before {
         Some(r) if r.owner != owner => {
             return Err(QuarantineError::HeldByOther {
                 node: node.metadata.name.clone().unwrap_or_default(),
-                owner: r.owner,
+                owner: r.owner.clone(),
             });
         }
-        Some(r) => r,
+        Some(r) => r.clone(),
         None => NodeChanges {
             owner: owner.to_string(),
             ..Default::default()
@@ -89,41 +107,80 @@ pub fn apply(node: &Node, want: &Quarantine, owner: &str) -> Result<Option<Node>
     let mut changed = false;
 
     let spec = out.spec.get_or_insert_with(Default::default);
-    if want.cordon && spec.unschedulable != Some(true) {
+    if want.cordon && (adopt || spec.unschedulable != Some(true)) {
+        changed |= spec.unschedulable != Some(true);
         spec.unschedulable = Some(true);
         record.cordoned = true;
-        changed = true;
     }
     let taints = spec.taints.get_or_insert_with(Vec::new);
     for t in &want.taints {
-        if !taints
+        let present = taints
             .iter()
-            .any(|have| have.key == t.key && have.effect == t.effect)
-        {
+            .any(|have| have.key == t.key && have.effect == t.effect);
+        if !present {
             taints.push(t.clone());
-            record.taints.push(taint_id(t));
             changed = true;
+        }
+        if (!present || adopt) && !record.taints.contains(&taint_id(t)) {
+            record.taints.push(taint_id(t));
         }
     }
     let labels = out.metadata.labels.get_or_insert_with(BTreeMap::new);
     for (k, v) in &want.labels {
+        let adoptable = adopt && labels.get(k) == Some(v);
         if !labels.contains_key(k) {
             labels.insert(k.clone(), v.clone());
-            record.labels.push(k.clone());
             changed = true;
+        } else if !adoptable {
+            continue;
+        }
+        if !record.labels.contains(k) {
+            record.labels.push(k.clone());
         }
     }
-    let has_record = recorded_changes(node).is_some();
-    if !changed && has_record {
+    // The record is written even when the node is not changed otherwise,
+    // so the node is held.
+    if !changed && before.as_ref() == Some(&record) {
         return Ok(None);
     }
-    // The record is written even when nothing changed, so the node is held.
     let annotations = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
     annotations.insert(
         CHANGES_ANNOTATION.to_string(),
         serde_json::to_string(&record).unwrap_or_default(),
     );
     Ok(Some(out))
+}
+
+/// The node with `want` lifted whoever applied it, or None when nothing of
+/// it is there or anyone's record is on the node (then that owner undoes its
+/// own). For a quarantine another tool made and nodewarden never took over,
+/// on a maintenance that tool would have ended by lifting it whole.
+pub fn lift_unrecorded(node: &Node, want: &Quarantine) -> Option<Node> {
+    if recorded_changes(node).is_some() {
+        return None;
+    }
+    let mut out = node.clone();
+    if let Some(spec) = out.spec.as_mut() {
+        if want.cordon && spec.unschedulable == Some(true) {
+            spec.unschedulable = None;
+        }
+        if let Some(taints) = spec.taints.as_mut() {
+            taints.retain(|t| !want.taints.iter().any(|w| w.key == t.key && w.effect == t.effect));
+            if taints.is_empty() {
+                spec.taints = None;
+            }
+        }
+    }
+    if let Some(labels) = out.metadata.labels.as_mut() {
+        labels.retain(|k, v| want.labels.get(k) != Some(v));
+    }
+    (out != *node).then_some(out)
+}
+
+/// Whether `after` is the node uncordoned (it was unschedulable in `before`).
+pub fn uncordoned(before: &Node, after: &Node) -> bool {
+    let unschedulable = |n: &Node| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    unschedulable(before) && !unschedulable(after)
 }
 
 /// The node with `owner`'s recorded changes removed, or None when there is
@@ -205,6 +262,13 @@ mod tests {
         assert_eq!(record.labels, ["remediation.medik8s.io/exclude-from-remediation"]);
         // Applying again changes nothing.
         assert_eq!(apply(&held, &quarantine(), "nm/x"), Ok(None));
+        // Uncordoned by someone else while held: cordoned again.
+        let mut lifted = held.clone();
+        lifted.spec.as_mut().expect("a spec").unschedulable = None;
+        let again = apply(&lifted, &quarantine(), "nm/x")
+            .expect("ours")
+            .expect("changed");
+        assert_eq!(again, held);
         let back = undo(&held, "nm/x").expect("ours");
         assert_eq!(back.spec.as_ref().and_then(|s| s.unschedulable), None);
         assert!(taint_keys(&back).is_empty());
@@ -250,5 +314,81 @@ mod tests {
             })
         );
         assert_eq!(undo(&held, "nm/y"), None, "only the owner undoes");
+    }
+
+    /// The node as the Node Maintenance Operator leaves it in maintenance.
+    fn as_nmo_left_it() -> Node {
+        node(json!({
+            "metadata": {"name": "n1", "labels": {
+                "remediation.medik8s.io/exclude-from-remediation": "true", "keep": "me"}},
+            "spec": {"unschedulable": true, "taints": [
+                {"key": "medik8s.io/drain", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+                {"key": "dedicated", "effect": "NoSchedule"}]}
+        }))
+    }
+
+    #[test]
+    fn a_quarantine_taken_over_is_undone_whole() {
+        let nmo = as_nmo_left_it();
+        let held = take_over(&nmo, &quarantine(), "nm/x")
+            .expect("free")
+            .expect("recorded");
+        assert_eq!(held.spec, nmo.spec, "nothing on the node changes");
+        let record = recorded_changes(&held).expect("recorded");
+        assert!(record.cordoned);
+        assert_eq!(record.taints.len(), 2);
+        assert_eq!(record.labels.len(), 1);
+        // Taken over once: again changes nothing.
+        assert_eq!(take_over(&held, &quarantine(), "nm/x"), Ok(None));
+        let back = undo(&held, "nm/x").expect("ours");
+        assert!(!uncordoned(&back, &back) && uncordoned(&held, &back));
+        assert_eq!(taint_keys(&back), ["dedicated:NoSchedule"]);
+        assert_eq!(
+            back.metadata.labels,
+            Some(BTreeMap::from([("keep".to_string(), "me".to_string())]))
+        );
+        // A plain apply keeps what was there before.
+        let plain = apply(&nmo, &quarantine(), "nm/x")
+            .expect("free")
+            .expect("recorded");
+        let back = undo(&plain, "nm/x").expect("ours");
+        assert_eq!(back.spec, nmo.spec);
+    }
+
+    #[test]
+    fn an_unrecorded_quarantine_is_lifted_only_where_no_one_holds_the_node() {
+        // (node, lifted: (cordoned after, taints after), or None)
+        let clean = node(json!({"metadata": {"name": "n1"}, "spec": {}}));
+        let held = apply(&clean, &quarantine(), "plan/p")
+            .expect("free")
+            .expect("held");
+        type Lifted<'a> = Option<(bool, Vec<&'a str>)>;
+        let cases: [(&str, Node, Lifted); 3] = [
+            (
+                "as NMO left it",
+                as_nmo_left_it(),
+                Some((false, vec!["dedicated:NoSchedule"])),
+            ),
+            ("nothing to lift", clean, None),
+            ("another owner holds it", held, None),
+        ];
+        for (what, n, want) in cases {
+            let got = lift_unrecorded(&n, &quarantine()).map(|after| {
+                let cordoned = after.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+                (cordoned, taint_keys(&after))
+            });
+            let want = want.map(|(c, t)| (c, t.iter().map(|s| s.to_string()).collect::<Vec<_>>()));
+            assert_eq!(got, want, "{what}");
+        }
+        let lifted = lift_unrecorded(&as_nmo_left_it(), &quarantine()).expect("lifted");
+        assert!(uncordoned(&as_nmo_left_it(), &lifted));
+        assert!(
+            !lifted
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("remediation.medik8s.io/exclude-from-remediation"))
+        );
     }
 }

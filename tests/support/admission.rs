@@ -99,6 +99,42 @@ pub async fn wait_ca_bundle(env: &TestEnv, name: &str) {
     .await;
 }
 
+/// A static etcd pod on `node` as kubeadm makes it (`kube-system/etcd-<node>`,
+/// label `component=etcd`, bound to the node), carrying the test's run label.
+pub async fn create_etcd_pod(env: &TestEnv, node: &str) {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("etcd-{node}"),
+            "labels": {"component": "etcd", "tier": "control-plane", RUN_LABEL: env.id},
+        },
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "etcd", "image": "registry.k8s.io/etcd:3.5.21-0"}],
+        },
+    }))
+    .expect("an etcd pod");
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client.clone(), "kube-system")
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("creating the etcd pod");
+}
+
+/// Deletes the etcd pod of `node` at once and waits until it is gone.
+pub async fn delete_etcd_pod(env: &TestEnv, node: &str) {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), "kube-system");
+    let name = format!("etcd-{node}");
+    let _ = pods.delete(&name, &DeleteParams::default().grace_period(0)).await;
+    wait_for(&format!("{name} gone"), Duration::from_secs(30), || async {
+        match pods.get_opt(&name).await {
+            Ok(None) => Probe::Done(()),
+            Ok(Some(_)) => Probe::NotYet("still there".into()),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await
+}
+
 pub async fn delete_configuration(env: &TestEnv, name: &str) {
     let _ = Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
         .delete(name, &DeleteParams::default())

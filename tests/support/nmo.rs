@@ -86,7 +86,9 @@ pub fn maintenances(env: &TestEnv) -> Api<DynamicObject> {
 }
 
 /// The peer serves every NodeMaintenance of the cluster, not only ours:
-/// once it is stopped, its finalizer must not hold any it touched.
+/// once it is stopped, its finalizer must not hold any it touched. (With
+/// nodewarden running, nodewarden removes it itself as it finishes them:
+/// `tests/node_maintenance.rs`; the benches clean up with neither running.)
 pub async fn release_peer_finalizers(env: &TestEnv) {
     let api = maintenances(env);
     let Ok(list) = api.list(&ListParams::default()).await else {
