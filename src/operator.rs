@@ -110,7 +110,9 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
             Some(Arc::new(client))
         }
         None => {
-            tracing::info!("etcd member removal is off (no --etcd-endpoints): retired control-plane nodes keep their etcd members");
+            tracing::info!(
+                "etcd member removal is off (no --etcd-endpoints): retired control-plane nodes keep their etcd members"
+            );
             None
         }
     };

@@ -42,7 +42,7 @@ use crate::api::update::{
 };
 use crate::cloud::{CloudProvider, CreateNodeRequest};
 use crate::error::{Error, Result};
-use crate::etcd::{Decision, EtcdClient, Removed, decide, to_check};
+use crate::etcd::{Decision, EtcdClient, EtcdError, Removed, decide, to_check};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
@@ -445,7 +445,10 @@ fn rollout_conditions(
     // The most pressing problem names the reason; the message lists them all.
     let mut found: Vec<(&str, String)> = Vec::new();
     if !problems.etcd_waits.is_empty() {
-        found.push((reason::ETCD_MEMBER_REMOVAL_BLOCKED, problems.etcd_waits.join("; ")));
+        found.push((
+            reason::ETCD_MEMBER_REMOVAL_BLOCKED,
+            problems.etcd_waits.join("; "),
+        ));
     }
     if !failed_drains.is_empty() {
         found.push((
@@ -1188,15 +1191,26 @@ impl NodeVersionReconciler {
         // The store keeps no addresses (`strip_node`): read them fresh.
         let fresh = Api::<Node>::all(self.client.clone()).get(&node).await?;
         let Some(ip) = internal_ip(&fresh) else {
-            let why = format!("node {node} has no InternalIP, so its etcd member cannot be told: it is not retired");
+            let why = format!(
+                "node {node} has no InternalIP, so its etcd member cannot be told: it is not retired"
+            );
+            tracing::warn!(%node, "{why}");
             self.event(nv, EventType::Warning, "EtcdMemberRemovalBlocked", why.clone());
             return Ok(Some(why));
+        };
+        let heir = match annotation(n, HEIR_ANNOTATION) {
+            Some(heir) => Api::<Node>::all(self.client.clone())
+                .get_opt(heir)
+                .await?
+                .as_ref()
+                .and_then(internal_ip),
+            None => None,
         };
         let _turn = self.etcd_turn.lock().await;
         let started = SystemTime::now();
         let members = etcd.members().await?;
         let health = etcd.health_of(&to_check(ip, &members)).await;
-        let (member, outcome) = match decide(ip, &members, &health) {
+        let (member, outcome) = match decide(ip, heir, &members, &health) {
             Decision::Wait(blocked) => {
                 let why = format!("node {node} waits for the removal of its etcd member: {blocked}");
                 tracing::warn!(%node, %ip, %blocked, "etcd member removal waits");
@@ -1217,7 +1231,17 @@ impl NodeVersionReconciler {
             }
             Decision::Remove(member) => {
                 self.leader.ensure_leader()?;
-                let removed = etcd.remove_member(member.id).await?;
+                let removed = match etcd.remove_member(member.id).await {
+                    Err(EtcdError::ClusterUnhealthy(answer)) => {
+                        let why = format!(
+                            "node {node} waits for the removal of its etcd member {}: etcd refused it ({answer}): a member is down, or joined moments ago",
+                            member.label()
+                        );
+                        self.event(nv, EventType::Warning, "EtcdMemberRemovalBlocked", why.clone());
+                        return Ok(Some(why));
+                    }
+                    removed => removed?,
+                };
                 let (outcome, note) = match removed {
                     Removed::Now => ("removed", "removed"),
                     Removed::Already => ("removed already", "was removed already"),

@@ -57,6 +57,10 @@ pub enum EtcdError {
     /// No endpoint served the request (each one's failure listed).
     #[error("etcd: no endpoint served the request: {0}")]
     Unreachable(String),
+    /// etcd refused a membership change for its own health check: a member
+    /// is down, or joined or came back moments ago (`--strict-reconfig-check`).
+    #[error("etcd refused the change: {0}")]
+    ClusterUnhealthy(String),
     /// etcd refused or failed the request.
     #[error("etcd {what}: HTTP {status}: {message}")]
     Refused {
@@ -228,7 +232,11 @@ impl EtcdClient {
                     .map_err(|e| EtcdError::Config(format!("client certificate: {e}")))?
             }
             (None, None) => builder.with_no_client_auth(),
-            _ => return Err(EtcdError::Config("a client certificate needs its key, and a key its certificate".into())),
+            _ => {
+                return Err(EtcdError::Config(
+                    "a client certificate needs its key, and a key its certificate".into(),
+                ));
+            }
         };
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -277,13 +285,26 @@ impl EtcdClient {
         let http = self.http()?;
         let mut failures = Vec::new();
         let mut endpoints = self.learned.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        endpoints.extend(self.endpoints.iter().filter(|e| !endpoints.contains(e)).cloned().collect::<Vec<_>>());
+        endpoints.extend(
+            self.endpoints
+                .iter()
+                .filter(|e| !endpoints.contains(e))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
         for endpoint in &endpoints {
             let uri = with_path(endpoint, path)?;
             match self.exchange(&http, Method::POST, uri, Some(body.clone())).await {
                 Ok((200, bytes)) => return Ok(bytes),
                 Ok((status, bytes)) => {
                     let answer: Option<GatewayError> = serde_json::from_slice(&bytes).ok();
+                    // The leader's verdict: every endpoint would forward to it.
+                    if let Some(a) = answer
+                        .as_ref()
+                        .filter(|a| a.message.contains("unhealthy cluster"))
+                    {
+                        return Err(EtcdError::ClusterUnhealthy(a.message.clone()));
+                    }
                     if answer.as_ref().is_some_and(|a| a.code == GRPC_NOT_FOUND) {
                         return Err(EtcdError::Refused {
                             what: path.into(),
@@ -375,7 +396,11 @@ impl EtcdClient {
             match self.exchange(&http, Method::GET, uri, None).await {
                 Ok((status, bytes)) => match serde_json::from_slice::<HealthAnswer>(&bytes) {
                     Ok(a) if status == 200 && a.health == "true" => return Health::Healthy,
-                    Ok(a) => failures.push(format!("{url}: health {} {}", a.health, a.reason).trim().to_string()),
+                    Ok(a) => failures.push(
+                        format!("{url}: health {} {}", a.health, a.reason)
+                            .trim()
+                            .to_string(),
+                    ),
                     Err(_) => failures.push(format!("{url}: HTTP {status}")),
                 },
                 Err(e) => failures.push(format!("{url}: {e}")),
@@ -386,7 +411,9 @@ impl EtcdClient {
 
     /// The health of each of `members`, checked side by side.
     pub async fn health_of(&self, members: &[&Member]) -> BTreeMap<u64, Health> {
-        let checks = members.iter().map(|m| async move { (m.id, self.health(m).await) });
+        let checks = members
+            .iter()
+            .map(|m| async move { (m.id, self.health(m).await) });
         futures::future::join_all(checks).await.into_iter().collect()
     }
 }
@@ -425,7 +452,10 @@ mod tests {
         let list: MemberList = serde_json::from_slice(answer).expect("a member list");
         assert_eq!(list.members.len(), 2);
         assert_eq!(list.members[0].id, 12297829382473034410);
-        assert_eq!(list.members[0].client_urls, vec!["https://10.0.0.2:2379".to_string()]);
+        assert_eq!(
+            list.members[0].client_urls,
+            vec!["https://10.0.0.2:2379".to_string()]
+        );
         assert!(list.members[1].name.is_empty() && list.members[1].is_learner);
     }
 

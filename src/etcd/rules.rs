@@ -6,6 +6,10 @@
 //! InternalIP as host (as Constellation matches them; the port and scheme
 //! do not matter). Learners carry no vote: they neither count for quorum
 //! nor need to be healthy.
+//!
+//! A replaced node's member goes only once its heir has one: otherwise each
+//! replacement whose join has not added the heir's member yet would shrink
+//! the cluster, and a rollout of three would end on a single member.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -73,6 +77,8 @@ pub enum Blocked {
     /// Several members have a peer URL on the node's IP: which one is the
     /// node's cannot be told.
     Ambiguous(Vec<String>),
+    /// The node's heir (on this IP) has no etcd member yet.
+    NoHeirMember(IpAddr),
     /// The healthy voting members left would be fewer than the quorum of
     /// the smaller cluster.
     Quorum {
@@ -90,6 +96,10 @@ impl fmt::Display for Blocked {
         match self {
             Blocked::Unhealthy(members) => write!(f, "etcd member(s) unhealthy: {}", listed(members)),
             Blocked::LastMember(m) => write!(f, "{m} is etcd's only voting member"),
+            Blocked::NoHeirMember(ip) => write!(
+                f,
+                "the replacement node ({ip}) has no etcd member yet (its join adds one)"
+            ),
             Blocked::Ambiguous(ms) => write!(f, "several etcd members on the node's IP: {}", ms.join(", ")),
             Blocked::Quorum {
                 healthy,
@@ -133,11 +143,17 @@ pub fn to_check(ip: IpAddr, members: &[Member]) -> Vec<&Member> {
     members.iter().filter(|m| !m.is_learner && !m.is_on(ip)).collect()
 }
 
-/// What to do with the member of the node at `ip`, given the member list
-/// and the health of the members [`to_check`] names (one missing counts as
-/// unhealthy). Removal only while every voting member that remains is
-/// healthy, at least one remains, and quorum holds after it.
-pub fn decide(ip: IpAddr, members: &[Member], health: &BTreeMap<u64, Health>) -> Decision {
+/// What to do with the member of the node at `ip` (replaced by the node at
+/// `heir`, if any), given the member list and the health of the members
+/// [`to_check`] names (one missing counts as unhealthy). Removal only while
+/// every voting member that remains is healthy, at least one remains,
+/// quorum holds after it, and the heir has its member.
+pub fn decide(
+    ip: IpAddr,
+    heir: Option<IpAddr>,
+    members: &[Member],
+    health: &BTreeMap<u64, Health>,
+) -> Decision {
     let on_node: Vec<&Member> = members.iter().filter(|m| m.is_on(ip)).collect();
     let target = match on_node.as_slice() {
         [] => return Decision::NoMember,
@@ -170,6 +186,11 @@ pub fn decide(ip: IpAddr, members: &[Member], health: &BTreeMap<u64, Health>) ->
     }
     if !unhealthy.is_empty() {
         return Decision::Wait(Blocked::Unhealthy(unhealthy));
+    }
+    if let Some(heir) = heir
+        && !members.iter().any(|m| m.is_on(heir))
+    {
+        return Decision::Wait(Blocked::NoHeirMember(heir));
     }
     Decision::Remove(target.clone())
 }
@@ -230,11 +251,19 @@ mod tests {
             member(0xd, "d", "10.0.0.5"),
         );
         let sick = || Unhealthy("no answer".into());
-        let health = |entries: &[(u64, Health)]| -> BTreeMap<u64, Health> { entries.iter().cloned().collect() };
+        let health =
+            |entries: &[(u64, Health)]| -> BTreeMap<u64, Health> { entries.iter().cloned().collect() };
         let all_well = health(&[(0xb, Healthy), (0xc, Healthy), (0xd, Healthy)]);
-        // (what, members, health, decision)
+        let heir: Option<IpAddr> = "10.0.0.5".parse().ok();
+        // (what, members, health, decision); the heir is d (10.0.0.5) unless the case says.
         type Case = (&'static str, Vec<Member>, BTreeMap<u64, Health>, Decision);
         let cases: Vec<Case> = vec![
+            (
+                "the heir has no member yet: wait for its join",
+                vec![a.clone(), b.clone(), c.clone()],
+                all_well.clone(),
+                Decision::Wait(Blocked::NoHeirMember("10.0.0.5".parse().expect("an IP"))),
+            ),
             (
                 "a replacement joined: 4 members, the rest healthy",
                 vec![a.clone(), b.clone(), c.clone(), d.clone()],
@@ -242,15 +271,9 @@ mod tests {
                 Decision::Remove(a.clone()),
             ),
             (
-                "3 members, the rest healthy",
-                vec![a.clone(), b.clone(), c.clone()],
-                all_well.clone(),
-                Decision::Remove(a.clone()),
-            ),
-            (
                 "the node's own member is down: removing it is what helps",
-                vec![a.clone(), b.clone(), c.clone()],
-                health(&[(0xa, sick()), (0xb, Healthy), (0xc, Healthy)]),
+                vec![a.clone(), b.clone(), c.clone(), d.clone()],
+                health(&[(0xa, sick()), (0xb, Healthy), (0xc, Healthy), (0xd, Healthy)]),
                 Decision::Remove(a.clone()),
             ),
             (
@@ -268,7 +291,11 @@ mod tests {
             (
                 "a member added but not started yet is not healthy",
                 vec![a.clone(), b.clone(), c.clone(), unstarted(0xe, "10.0.0.6")],
-                health(&[(0xb, Healthy), (0xc, Healthy), (0xe, Unhealthy("not started".into()))]),
+                health(&[
+                    (0xb, Healthy),
+                    (0xc, Healthy),
+                    (0xe, Unhealthy("not started".into())),
+                ]),
                 Decision::Wait(Blocked::Unhealthy(vec![(
                     unstarted(0xe, "10.0.0.6").label(),
                     "not started".into(),
@@ -313,14 +340,23 @@ mod tests {
             ),
             (
                 "a sick learner elsewhere does not block",
-                vec![a.clone(), b.clone(), c.clone(), learner(0xe, "e", "10.0.0.6")],
+                vec![
+                    a.clone(),
+                    b.clone(),
+                    c.clone(),
+                    d.clone(),
+                    learner(0xe, "e", "10.0.0.6"),
+                ],
                 all_well.clone(),
                 Decision::Remove(a.clone()),
             ),
         ];
         for (what, members, health, want) in cases {
-            assert_eq!(decide(ip, &members, &health), want, "{what}");
+            assert_eq!(decide(ip, heir, &members, &health), want, "{what}");
         }
+        // A node without an heir (a surplus node) needs none.
+        let members = [a.clone(), b.clone(), c.clone()];
+        assert_eq!(decide(ip, None, &members, &all_well), Decision::Remove(a.clone()));
     }
 
     #[test]
@@ -351,6 +387,9 @@ mod tests {
             quorum_lost.to_string(),
             "only 1 of 3 remaining etcd voting members would be healthy, below quorum 2; unhealthy: b: down; c: down"
         );
-        assert_eq!(unstarted(0x1f, "10.0.0.9").label(), "unstarted member (1f, https://10.0.0.9:2380)");
+        assert_eq!(
+            unstarted(0x1f, "10.0.0.9").label(),
+            "unstarted member (1f, https://10.0.0.9:2380)"
+        );
     }
 }

@@ -70,13 +70,20 @@ pub fn node_for(job: &JoinJob) -> Node {
                 kubelet_version: "fake".into(),
                 ..NodeSystemInfo::default()
             }),
-            // kwok keeps an InternalIP the Node registers with (and adds its
-            // own default otherwise), as a kubelet reports the instance's.
+            // As a kubelet registers: the instance's InternalIP and its
+            // Hostname (kwok's node-initialize stage keeps the addresses
+            // only when both are there, and replaces them otherwise).
             addresses: job.internal_ip.as_ref().map(|ip| {
-                vec![NodeAddress {
-                    address: ip.clone(),
-                    type_: "InternalIP".into(),
-                }]
+                vec![
+                    NodeAddress {
+                        address: ip.clone(),
+                        type_: "InternalIP".into(),
+                    },
+                    NodeAddress {
+                        address: job.instance.clone(),
+                        type_: "Hostname".into(),
+                    },
+                ]
             }),
             ..NodeStatus::default()
         }),
