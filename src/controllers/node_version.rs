@@ -2076,10 +2076,15 @@ mod tests {
             invalid_nodes: vec!["stray".into()],
             ..Default::default()
         };
+        let etcd = Problems {
+            etcd_waits: vec!["node c1 waits for the removal of its etcd member: ...".into()],
+            join_timeouts: vec!["w-new".into()],
+            ..Default::default()
+        };
         let none = Problems::default();
         // (what, nodes, control-plane first, problems, Progressing reason, Degraded reason)
         type Case<'a> = (&'a str, &'a [NodeFacts], bool, &'a Problems, &'a str, &'a str);
-        let cases: [Case; 7] = [
+        let cases: [Case; 8] = [
             (
                 "complete",
                 &all_current,
@@ -2135,6 +2140,15 @@ mod tests {
                 &invalid,
                 reason::ROLLOUT_COMPLETE,
                 reason::INVALID_NODES,
+            ),
+            // A control-plane node held by etcd comes first: it stops the rollout.
+            (
+                "etcd member removal waits",
+                &cp_outdated,
+                true,
+                &etcd,
+                reason::WAITING_FOR_CONTROL_PLANE,
+                reason::ETCD_MEMBER_REMOVAL_BLOCKED,
             ),
         ];
         for (what, nodes, cp_first, problems, progressing, degraded) in cases {

@@ -48,13 +48,9 @@ fn free_port(ip: IpAddr) -> u16 {
         .expect("a free port on a loopback address")
 }
 
-/// POSTs JSON to etcd's v3 gateway: the answer, or why not.
-pub async fn post(url: &str, body: Value) -> Result<Value, String> {
+/// One exchange with etcd within 5 s: the status and the JSON answer.
+async fn exchange(request: http::Request<Full<Bytes>>) -> Result<(http::StatusCode, Value), String> {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let request = http::Request::post(url)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
     let exchange = async {
         let response = client.request(request).await.map_err(|e| e.to_string())?;
         let status = response.status();
@@ -65,39 +61,34 @@ pub async fn post(url: &str, body: Value) -> Result<Value, String> {
             .map_err(|e| e.to_string())?
             .to_bytes();
         let value: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        match status.is_success() {
-            true => Ok(value),
-            false => Err(format!("{status}: {value}")),
-        }
+        Ok((status, value))
     };
     tokio::time::timeout(Duration::from_secs(5), exchange)
         .await
         .map_err(|_| "no answer within 5 s".to_string())?
 }
 
+/// POSTs JSON to etcd's v3 gateway: the answer, or why not.
+pub async fn post(url: &str, body: Value) -> Result<Value, String> {
+    let request = http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .map_err(|e| e.to_string())?;
+    match exchange(request).await? {
+        (status, value) if status.is_success() => Ok(value),
+        (status, value) => Err(format!("{status}: {value}")),
+    }
+}
+
 /// GET `{client_url}/health` says healthy.
 async fn healthy(client_url: &str) -> Result<(), String> {
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let uri: http::Uri = format!("{client_url}/health")
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let check = async {
-        let response = client.get(uri).await.map_err(|e| e.to_string())?;
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        let value: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        match value["health"] == "true" {
-            true => Ok(()),
-            false => Err(value.to_string()),
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(3), check)
-        .await
-        .map_err(|_| "no answer within 3 s".to_string())?
+    let request = http::Request::get(format!("{client_url}/health"))
+        .body(Full::default())
+        .map_err(|e| e.to_string())?;
+    match exchange(request).await? {
+        (_, value) if value["health"] == "true" => Ok(()),
+        (_, value) => Err(value.to_string()),
+    }
 }
 
 /// A member as the member list shows it: (name, peer URL's IP, client URLs).
