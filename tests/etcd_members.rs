@@ -20,6 +20,8 @@ use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::etcd::EtcdConfig;
 use serde_json::json;
 use support::etcd::{EtcdCluster, Listed};
+use support::jaeger::Jaeger;
+use support::replicas::{Replicas, replica_log_dir, service_account_kubeconfig};
 use support::rollout::*;
 use support::{Probe, RunningOperator, TestEnv, seen, wait_for};
 use tokio_util::sync::CancellationToken;
@@ -77,12 +79,10 @@ fn joiner(env: &TestEnv, cluster: Arc<EtcdCluster>, stop: CancellationToken) -> 
 }
 
 /// A control plane of three sim-cloud nodes on `ip_base` and the two
-/// addresses after it, an etcd member on each, and the operator with
-/// those members as its etcd endpoints.
+/// addresses after it, and an etcd member on each.
 struct Fixture {
     r: Rollout,
     cluster: Arc<EtcdCluster>,
-    op: RunningOperator,
     initial: BTreeMap<String, IpAddr>,
 }
 
@@ -95,6 +95,11 @@ async fn fixture(test: &str, ip_base: &str) -> Fixture {
     assert_eq!(initial.len(), 3, "every node has its InternalIP: {initial:?}");
     let members: Vec<(String, IpAddr)> = initial.iter().map(|(n, ip)| (n.clone(), *ip)).collect();
     let cluster = Arc::new(EtcdCluster::start(&members).await);
+    Fixture { r, cluster, initial }
+}
+
+/// The operator in-process, with `cluster`'s members as its etcd endpoints.
+async fn in_process(r: &Rollout, cluster: &EtcdCluster) -> RunningOperator {
     let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
     let mut config = r
         .env
@@ -103,13 +108,7 @@ async fn fixture(test: &str, ip_base: &str) -> Fixture {
         endpoints: cluster.client_urls().await,
         ..Default::default()
     });
-    let op = r.env.start_operator_from(config).await;
-    Fixture {
-        r,
-        cluster,
-        op,
-        initial,
-    }
+    r.env.start_operator_from(config).await
 }
 
 /// Waits until etcd's members are exactly the nodes' (one started member
@@ -153,17 +152,30 @@ async fn times(env: &TestEnv, name: &str, reason: &str) -> i32 {
         .sum()
 }
 
-async fn finish(f: Fixture) {
-    f.op.stop().await;
-    let Rollout { env, sim, .. } = f.r;
+async fn finish(r: Rollout) {
+    let Rollout { env, sim, .. } = r;
     sim.sim.kill().await;
     env.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_plane_rollout_removes_the_etcd_member_of_each_replaced_node() {
+    let jaeger = Jaeger::start();
     let f = fixture("etcd-members", "127.0.0.2").await;
     let env = &f.r.env;
+    // The shipped binary with its flags, as nodewarden's ServiceAccount.
+    let dir = replica_log_dir(&env.id);
+    let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
+    let endpoints = f.cluster.client_urls().await.join(",");
+    let operator = Replicas::start(
+        1,
+        env,
+        &kubeconfig,
+        &format!("nodewarden-{}", env.id),
+        &jaeger.otlp_endpoint,
+        &["--sim-cloud", &f.r.sim.sim.addr, "--etcd-endpoints", &endpoints],
+        &dir,
+    );
     let ips: BTreeSet<IpAddr> = f.initial.values().copied().collect();
     let want: BTreeSet<IpAddr> = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
         .iter()
@@ -187,6 +199,16 @@ async fn a_control_plane_rollout_removes_the_etcd_member_of_each_replaced_node()
         3,
         "one Event per removal"
     );
+    // A "remove etcd member" phase in each replacement's trace.
+    let replaced: BTreeSet<String> = f.initial.keys().cloned().collect();
+    let traces = jaeger
+        .wait_node_traces("nodewarden", "replace node", &replaced)
+        .await;
+    for t in &traces {
+        let removal = t.spans.iter().find(|s| s.operation_name == "remove etcd member");
+        let outcome = removal.and_then(|s| s.tag_str("nodewarden.etcd.outcome"));
+        assert_eq!(outcome, Some("removed"), "{:?}", t.operations());
+    }
     stop.cancel();
     let _ = joining.await;
     let found = checker.finish().await;
@@ -195,12 +217,14 @@ async fn a_control_plane_rollout_removes_the_etcd_member_of_each_replaced_node()
         "control-plane rollout of 3 nodes with etcd member removal: {took:?}; members now {:?}",
         members.iter().map(|m| &m.name).collect::<Vec<_>>()
     );
-    finish(f).await;
+    drop(operator);
+    finish(f.r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unhealthy_member_holds_the_removal_with_a_condition_naming_it() {
     let f = fixture("etcd-unhealthy", "127.0.1.2").await;
+    let op = in_process(&f.r, &f.cluster).await;
     let env = &f.r.env;
     let old: BTreeSet<IpAddr> = f.initial.values().copied().collect();
     let stop = CancellationToken::new();
@@ -294,7 +318,8 @@ async fn an_unhealthy_member_holds_the_removal_with_a_condition_naming_it() {
         "rollout with a member down mid-way: {took:?}; held with: {message}; members now {:?}",
         members.iter().map(|m| &m.name).collect::<Vec<_>>()
     );
-    finish(f).await;
+    op.stop().await;
+    finish(f.r).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
