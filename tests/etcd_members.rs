@@ -17,7 +17,7 @@ use kube::api::{Api, ListParams};
 use nodewarden::api::update::{NodeVersion, condition, reason};
 use nodewarden::cloud::CloudProvider;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
-use nodewarden::etcd::EtcdConfig;
+use nodewarden::etcd::{EtcdClient, EtcdConfig, Health};
 use serde_json::json;
 use support::etcd::{EtcdCluster, Listed};
 use support::jaeger::Jaeger;
@@ -356,4 +356,35 @@ async fn external_etcd_is_left_alone() {
     op.stop().await;
     r.sim.sim.kill().await;
     r.env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_is_reached_over_tls_with_the_client_certificate_only() {
+    let ip: IpAddr = "127.0.3.2".parse().expect("an IP");
+    let cluster = EtcdCluster::start_with(&[("tls-0".to_string(), ip)], true).await;
+    let tls = cluster.tls.clone().expect("certificates");
+    let endpoints = cluster.client_urls().await;
+    let client = EtcdClient::new(tls.config(endpoints.clone())).expect("a client");
+    let members = client.members().await.expect("the member list over TLS");
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0].name, "tls-0");
+    assert!(members[0].client_urls[0].starts_with("https://"), "{members:?}");
+    assert_eq!(client.health(&members[0]).await, Health::Healthy);
+    // Without a client certificate etcd refuses the connection.
+    let anonymous = EtcdConfig {
+        cert: None,
+        key: None,
+        ..tls.config(endpoints.clone())
+    };
+    let refused = EtcdClient::new(anonymous).expect("a client").members().await;
+    assert!(refused.is_err(), "{refused:?}");
+    // Nor is a server trusted that the CA did not sign.
+    let other = tempfile::tempdir().expect("a temp dir");
+    let stranger = support::etcd::Tls::generate(other.path(), &[ip]);
+    let untrusted = EtcdConfig {
+        ca: Some(stranger.ca.clone()),
+        ..tls.config(endpoints)
+    };
+    let refused = EtcdClient::new(untrusted).expect("a client").members().await;
+    assert!(refused.is_err(), "{refused:?}");
 }

@@ -37,6 +37,76 @@ pub struct EtcdCluster {
     dir: tempfile::TempDir,
     token: String,
     members: Mutex<BTreeMap<IpAddr, Process>>,
+    /// Client URLs over HTTPS, clients held to a certificate of the CA.
+    pub tls: Option<Tls>,
+}
+
+/// A CA, etcd's serving certificate (for the members' IPs) and a client
+/// certificate, as PEM files.
+#[derive(Clone, Debug)]
+pub struct Tls {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl Tls {
+    /// New certificates in `dir`, the serving one for `ips`.
+    pub fn generate(dir: &std::path::Path, ips: &[IpAddr]) -> Tls {
+        use rcgen::{
+            BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType,
+        };
+        let ca_key = KeyPair::generate().expect("a CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).expect("a CA");
+        let issuer = Issuer::from_params(&ca, ca_key);
+        let leaf = |purposes: Vec<ExtendedKeyUsagePurpose>, name: &str| {
+            let mut params = CertificateParams::new(vec![name.to_string()]).expect("params");
+            params
+                .subject_alt_names
+                .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+            params.extended_key_usages = purposes;
+            let key = KeyPair::generate().expect("a key");
+            let cert = params.signed_by(&key, &issuer).expect("a certificate");
+            (cert.pem(), key.serialize_pem())
+        };
+        // Serving and client use, as kubeadm's: etcd's JSON gateway dials
+        // etcd itself with it.
+        let (server, server_key) = leaf(
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            "etcd",
+        );
+        let (client, client_key) = leaf(vec![ExtendedKeyUsagePurpose::ClientAuth], "nodewarden");
+        let write = |name: &str, pem: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).expect("writing a PEM file");
+            path
+        };
+        Tls {
+            ca: write("ca.crt", &ca_cert.pem()),
+            server_cert: write("server.crt", &server),
+            server_key: write("server.key", &server_key),
+            client_cert: write("client.crt", &client),
+            client_key: write("client.key", &client_key),
+        }
+    }
+
+    /// nodewarden's etcd settings for `endpoints` with the client certificate.
+    pub fn config(&self, endpoints: Vec<String>) -> nodewarden::etcd::EtcdConfig {
+        nodewarden::etcd::EtcdConfig {
+            endpoints,
+            ca: Some(self.ca.clone()),
+            cert: Some(self.client_cert.clone()),
+            key: Some(self.client_key.clone()),
+            ..Default::default()
+        }
+    }
 }
 
 /// A port free on `ip` now (etcd binds it a moment later; nothing else
@@ -104,11 +174,20 @@ impl EtcdCluster {
     /// Starts a member named `name` on each `(name, ip)` and waits until
     /// all are healthy.
     pub async fn start(members: &[(String, IpAddr)]) -> EtcdCluster {
+        EtcdCluster::start_with(members, false).await
+    }
+
+    /// As [`EtcdCluster::start`], clients over HTTPS with certificates
+    /// (see [`Tls`]); the peers still talk plain HTTP.
+    pub async fn start_with(members: &[(String, IpAddr)], tls: bool) -> EtcdCluster {
         let bin_dir = std::fs::read_to_string(control_plane().run_dir.join("bin-dir"))
             .expect("the control plane's bin-dir");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let ips: Vec<IpAddr> = members.iter().map(|(_, ip)| *ip).collect();
         let cluster = EtcdCluster {
             bin: PathBuf::from(bin_dir.trim()).join("etcd"),
-            dir: tempfile::tempdir().expect("a temp dir"),
+            tls: tls.then(|| Tls::generate(dir.path(), &ips)),
+            dir,
             token: format!("t-{:08x}", rand::random::<u32>()),
             members: Mutex::new(BTreeMap::new()),
         };
@@ -125,15 +204,41 @@ impl EtcdCluster {
         let urls: Vec<String> = all.values().map(|p| p.client_url.clone()).collect();
         drop(all);
         for url in urls {
-            wait_healthy(&url).await;
+            cluster.wait_healthy(&url).await;
         }
         cluster
     }
 
+    /// Waits until the member at `client_url` answers healthy (over TLS,
+    /// through nodewarden's own client).
+    async fn wait_healthy(&self, client_url: &str) {
+        let Some(tls) = &self.tls else {
+            return wait_healthy(client_url).await;
+        };
+        let client = nodewarden::etcd::EtcdClient::new(tls.config(vec![client_url.to_string()]))
+            .expect("an etcd client");
+        let member = nodewarden::etcd::Member {
+            client_urls: vec![client_url.to_string()],
+            ..Default::default()
+        };
+        wait_for(
+            &format!("etcd at {client_url} healthy"),
+            Duration::from_secs(30),
+            || async {
+                match client.health(&member).await {
+                    nodewarden::etcd::Health::Healthy => Probe::Done(()),
+                    nodewarden::etcd::Health::Unhealthy(why) => Probe::NotYet(why),
+                }
+            },
+        )
+        .await;
+    }
+
     fn plan(&self, name: &str, ip: IpAddr) -> Process {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         Process {
             name: name.to_string(),
-            client_url: format!("http://{ip}:{}", free_port(ip)),
+            client_url: format!("{scheme}://{ip}:{}", free_port(ip)),
             peer_url: format!("http://{ip}:{}", free_port(ip)),
             data_dir: self.dir.path().join(name),
             child: None,
@@ -142,7 +247,18 @@ impl EtcdCluster {
 
     fn spawn(&self, p: &Process, initial_cluster: &str, state: &str) -> Child {
         let log = std::fs::File::create(self.dir.path().join(format!("{}.log", p.name))).expect("a log file");
-        Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server_cert)
+                .arg("--key-file")
+                .arg(&tls.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        command
             .args(["--name", &p.name])
             .arg("--data-dir")
             .arg(&p.data_dir)
@@ -236,7 +352,7 @@ impl EtcdCluster {
         p.child = Some(self.spawn(&p, &initial.join(","), "existing"));
         let url = p.client_url.clone();
         self.members.lock().await.insert(ip, p);
-        wait_healthy(&url).await;
+        self.wait_healthy(&url).await;
         Ok(())
     }
 
@@ -258,7 +374,7 @@ impl EtcdCluster {
         p.child = Some(child);
         let url = p.client_url.clone();
         drop(all);
-        wait_healthy(&url).await;
+        self.wait_healthy(&url).await;
     }
 
     /// The member's name on `ip`.
