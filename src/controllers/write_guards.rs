@@ -235,9 +235,10 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         Harmless(
             "an etcd member removed by its ID, which etcd never reuses: landing late, after another \
              leader removed it, it finds the ID gone and removes nothing (answered as removed \
-             already); it is sent only for a drained node whose heir is Ready, for the member on \
-             that node's IP, after the other voting members were seen healthy, and etcd itself \
-             refuses a removal that would leave fewer started members than quorum",
+             already); it is sent only for a drained node whose heir is Ready and has its own \
+             member, for the member on that node's IP, after the other voting members were seen \
+             healthy, and etcd itself refuses a removal that would leave fewer started members \
+             than quorum",
         ),
     ),
     (
