@@ -62,6 +62,9 @@ pub enum Error {
         /// What changed.
         reason: String,
     },
+    /// An etcd call failed (reaching etcd, or its answer).
+    #[error(transparent)]
+    Etcd(#[from] crate::etcd::EtcdError),
     /// Something the reconcile waited for did not finish in time.
     #[error("{what} did not finish within {after:?}")]
     Timeout {
@@ -135,6 +138,7 @@ impl Error {
             Error::Timeout { .. } => Category::Timeout,
             Error::Changed { .. } => Category::Conflict,
             Error::PodsLeft { .. } => Category::DrainIncomplete,
+            Error::Etcd(_) => Category::Etcd,
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod cloud;
 pub mod controllers;
 pub mod drain;
 pub mod error;
+pub mod etcd;
 pub mod http;
 pub mod operator;
 pub mod runtime;

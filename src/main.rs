@@ -136,6 +136,22 @@ struct RunArgs {
     /// Create ScalingGroups following this NodeVersion for cloud groups without one.
     #[arg(long, env = "NODEWARDEN_DISCOVER_SCALING_GROUPS")]
     discover_scaling_groups: Option<String>,
+    /// etcd client URLs (comma-separated, e.g. https://10.0.0.2:2379): before
+    /// a control-plane node is retired its etcd member is removed. Unset: off.
+    #[arg(long, env = "NODEWARDEN_ETCD_ENDPOINTS", value_delimiter = ',')]
+    etcd_endpoints: Vec<String>,
+    /// The CA of etcd's serving certificates (PEM file).
+    #[arg(long, env = "NODEWARDEN_ETCD_CA")]
+    etcd_ca: Option<std::path::PathBuf>,
+    /// nodewarden's etcd client certificate (PEM file).
+    #[arg(long, env = "NODEWARDEN_ETCD_CERT")]
+    etcd_cert: Option<std::path::PathBuf>,
+    /// The key of --etcd-cert (PEM file).
+    #[arg(long, env = "NODEWARDEN_ETCD_KEY")]
+    etcd_key: Option<std::path::PathBuf>,
+    /// How long one etcd call may take (seconds).
+    #[arg(long, env = "NODEWARDEN_ETCD_TIMEOUT", default_value_t = 5.0)]
+    etcd_timeout: f64,
     /// Serve SIPClusters over metal3 BareMetalHosts: auto (when metal3's API
     /// is installed), on or off.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
@@ -396,6 +412,16 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         cloud_ration: Ration::new(args.cloud_qps, args.cloud_burst)
             .context("--cloud-qps and --cloud-burst must be positive")?,
         discover_scaling_groups: args.discover_scaling_groups,
+        etcd: match args.etcd_endpoints.is_empty() {
+            true => None,
+            false => Some(nodewarden::etcd::EtcdConfig {
+                endpoints: args.etcd_endpoints,
+                ca: args.etcd_ca,
+                cert: args.etcd_cert,
+                key: args.etcd_key,
+                timeout: seconds(args.etcd_timeout, "etcd-timeout")?,
+            }),
+        },
         admission,
         webhook_limits,
         bare_metal: match args.sip.as_str() {

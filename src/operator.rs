@@ -44,6 +44,9 @@ pub struct OperatorConfig {
     pub cloud: Option<Arc<dyn CloudProvider>>,
     /// The calls a second to that cloud, shared by every controller.
     pub cloud_ration: Ration,
+    /// etcd, whose member a control-plane node loses before it is retired;
+    /// None: members are left alone.
+    pub etcd: Option<crate::etcd::EtcdConfig>,
     /// Create ScalingGroups (following this NodeVersion) for cloud groups that
     /// have none, while leading.
     pub discover_scaling_groups: Option<String>,
@@ -63,6 +66,9 @@ pub enum OperatorError {
     /// The leader election settings break its guarantees.
     #[error(transparent)]
     LeaderConfig(#[from] ConfigError),
+    /// etcd's settings cannot be used.
+    #[error(transparent)]
+    Etcd(#[from] crate::etcd::EtcdError),
     /// The HTTP endpoints could not be served.
     #[error("serving HTTP on {addr}: {source}")]
     Http {
@@ -100,6 +106,19 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
         let batched = Arc::new(BatchedStates::new(metered));
         Arc::new(RetryingCloud::new(batched, RetryPolicy::default())) as Arc<dyn CloudProvider>
     });
+    app.etcd = match &config.etcd {
+        Some(etcd) => {
+            let client = crate::etcd::EtcdClient::new(etcd.clone())?;
+            tracing::info!(endpoints = ?client.endpoints(), "etcd member removal is on: a control-plane node's etcd member is removed before the node is retired");
+            Some(Arc::new(client))
+        }
+        None => {
+            tracing::info!(
+                "etcd member removal is off (no --etcd-endpoints): retired control-plane nodes keep their etcd members"
+            );
+            None
+        }
+    };
     register_all(&mut manager, &app);
     if let Some(node_version) = config.discover_scaling_groups.clone() {
         scaling_group::register_discovery(&mut manager, &app, node_version);

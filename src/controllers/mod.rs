@@ -51,6 +51,8 @@ pub struct App {
     pub objects: Source,
     /// The cloud that replaces nodes; None: no rolling replacement.
     pub cloud: Option<Arc<dyn CloudProvider>>,
+    /// etcd, whose members retired control-plane nodes lose; None: off.
+    pub etcd: Option<Arc<crate::etcd::EtcdClient>>,
     /// NodeMaintenance settings.
     pub maintenance: node_maintenance::MaintenanceConfig,
     /// Plan settings.
@@ -79,6 +81,7 @@ impl App {
             nodes: Source::all(),
             objects: Source::all(),
             cloud: None,
+            etcd: None,
             maintenance: Default::default(),
             plans: Default::default(),
             rollout: Default::default(),

@@ -29,8 +29,8 @@ use super::App;
 use super::pending_node::{CREATED_IMAGE_ANNOTATION, REQUEST_KEY_ANNOTATION, created_patch, request_key};
 use super::replacement_trace::{
     FinishedReplacement, SentRoots, TRACE_FLUSH_TIMEOUT, drain_annotations, trace_create,
-    trace_delete_instance, trace_join, trace_node_deleted, trace_replacement, trace_rollout_end,
-    trace_surplus, trace_transfer,
+    trace_delete_instance, trace_etcd_member, trace_join, trace_node_deleted, trace_replacement,
+    trace_rollout_end, trace_surplus, trace_transfer,
 };
 use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
 use super::{delete_if_present, node_is_ready, node_maintenance, same_object};
@@ -43,6 +43,7 @@ use crate::api::update::{
 };
 use crate::cloud::{CloudProvider, CreateNodeRequest};
 use crate::error::{Error, Result};
+use crate::etcd::{Decision, EtcdClient, EtcdError, Removed, decide, to_check};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
@@ -129,6 +130,8 @@ pub fn register(manager: &mut Manager, app: &App) {
         node_source: app.nodes.clone(),
         object_source: app.objects.clone(),
         rollout_defaults: app.rollout.clone(),
+        etcd: app.etcd.clone(),
+        etcd_turn: Default::default(),
     });
 }
 
@@ -171,7 +174,31 @@ pub struct NodeVersionReconciler {
     pub object_source: Source,
     /// The rollout settings a NodeVersion that leaves a field out gets.
     pub rollout_defaults: Rollout,
+    /// etcd, whose member a control-plane node loses before it is
+    /// retired; None: etcd is not nodewarden's to touch.
+    pub etcd: Option<Arc<EtcdClient>>,
+    /// One member removal at a time: each is judged on a member list that
+    /// another in flight would change.
+    pub etcd_turn: tokio::sync::Mutex<()>,
 }
+
+/// How soon a retirement waiting for etcd looks again: etcd's health is
+/// not watched, so nothing else would wake it.
+const ETCD_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The node's InternalIP, which its etcd member's peer URL carries.
+fn internal_ip(node: &Node) -> Option<std::net::IpAddr> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")
+        .and_then(|a| a.address.parse().ok())
+}
+
+/// The label kubeadm puts on control-plane nodes.
+const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 
 /// Why `donor` and `heir` (as read fresh) cannot be paired: either already
 /// names another partner. None when they are free or name each other (a
@@ -338,6 +365,9 @@ pub struct Problems {
     /// Managed nodes that belong to no ScalingGroup (no provider ID, or a
     /// group no ScalingGroup names).
     pub invalid_nodes: Vec<String>,
+    /// Control-plane retirements waiting for their etcd member's removal:
+    /// why, naming the members.
+    pub etcd_waits: Vec<String>,
 }
 
 /// `names` joined for a message: the first few, then how many more.
@@ -484,6 +514,12 @@ fn rollout_conditions(
     }
     // The most pressing problem names the reason; the message lists them all.
     let mut found: Vec<(&str, String)> = Vec::new();
+    if !problems.etcd_waits.is_empty() {
+        found.push((
+            reason::ETCD_MEMBER_REMOVAL_BLOCKED,
+            problems.etcd_waits.join("; "),
+        ));
+    }
     if !failed_drains.is_empty() {
         found.push((
             reason::DRAIN_TIMEOUT,
@@ -584,10 +620,14 @@ impl Reconciler for NodeVersionReconciler {
             return Ok(Action::Done);
         };
         match self.roll_out(&nv).await {
+            // Say so on the object: the retry alone is only in the logs.
             Err(Error::Cloud(e)) => {
-                // Say so on the object: the retry alone is only in the logs.
-                self.report_cloud_error(&nv, &e).await?;
+                self.report_error(&nv, reason::CLOUD_ERROR, e.to_string()).await?;
                 Err(Error::Cloud(e))
+            }
+            Err(Error::Etcd(e)) => {
+                self.report_error(&nv, reason::ETCD_ERROR, e.to_string()).await?;
+                Err(Error::Etcd(e))
             }
             done => done,
         }
@@ -615,7 +655,7 @@ impl NodeVersionReconciler {
         let steps = rollout::plan(&facts);
         let counts = rollout::counts(&facts);
         let rollout_trace = self.trace_rollout(nv, &counts).await?;
-        self.carry_out_all(nv, &steps, &scope, rollout_trace).await?;
+        let etcd_waits = self.carry_out_all(nv, &steps, &scope, rollout_trace).await?;
         self.record_metrics(nv, &counts, !steps.is_empty());
         self.pause_autoscaling(&nv_name, counts.outdated > 0).await?;
         let problems = Problems {
@@ -629,9 +669,14 @@ impl NodeVersionReconciler {
                 .map(|p| p.spec.node_name.clone())
                 .collect(),
             invalid_nodes: self.invalid_nodes(),
+            etcd_waits,
         };
         self.write_status(nv, &facts, &counts, &steps, &problems).await?;
-        Ok(Action::Done)
+        if problems.etcd_waits.is_empty() {
+            Ok(Action::Done)
+        } else {
+            Ok(Action::RequeueAfter(ETCD_RECHECK))
+        }
     }
 
     /// Managed nodes no ScalingGroup covers: no provider ID, or a group
@@ -819,9 +864,9 @@ impl NodeVersionReconciler {
         }
     }
 
-    /// Degraded=True, reason CloudError, with the cloud's message (cleared by
-    /// the next pass that gets through).
-    async fn report_cloud_error(&self, nv: &NodeVersion, error: &crate::cloud::CloudError) -> Result<()> {
+    /// Degraded=True with `reason` and the error's message (cleared by the
+    /// next pass that gets through).
+    async fn report_error(&self, nv: &NodeVersion, reason: &str, message: String) -> Result<()> {
         // After the last pass's status (that write would undo this one), and
         // built on it.
         let mut status = self.status_writes.latest(nv).await;
@@ -830,8 +875,8 @@ impl NodeVersionReconciler {
             &mut status.rollout_conditions,
             condition::DEGRADED,
             true,
-            reason::CLOUD_ERROR,
-            error.to_string(),
+            reason,
+            message,
             nv.metadata.generation,
             Timestamp::now(),
         );
@@ -938,13 +983,14 @@ impl NodeVersionReconciler {
     /// of every retirement before the first pairing. Every step runs even
     /// when another fails (a conflict on one node holds up no other); the
     /// first error fails the pass, which is retried.
+    /// Returns why retirements wait for etcd, if any do.
     async fn carry_out_all(
         &self,
         nv: &NodeVersion,
         steps: &[Step],
         scope: &Scope,
         rollout_trace: Option<TraceParent>,
-    ) -> Result<()> {
+    ) -> Result<Vec<String>> {
         let nv_name = nv.name_any();
         let at_once = &tokio::sync::Semaphore::new(STEPS_AT_ONCE);
         let nv_name = &nv_name;
@@ -953,19 +999,24 @@ impl NodeVersionReconciler {
             tracing::info!(nodeversion = %nv_name, ?step, "rollout step");
             self.carry_out(nv, step, scope, rollout_trace).await
         });
-        futures::future::join_all(steps).await.into_iter().collect()
+        let waits: Vec<Option<String>> = futures::future::join_all(steps)
+            .await
+            .into_iter()
+            .collect::<Result<_>>()?;
+        Ok(waits.into_iter().flatten().collect())
     }
 
     /// Carries out one planned step: one small function per kind of step.
+    /// Returns why a retirement waits for etcd, if it does.
     async fn carry_out(
         &self,
         nv: &NodeVersion,
         step: &Step,
         scope: &Scope,
         rollout_trace: Option<TraceParent>,
-    ) -> Result<()> {
+    ) -> Result<Option<String>> {
         let find = |name: &str| scope.nodes.iter().find(|n| n.name_any() == name).cloned();
-        match step {
+        let done: Result<()> = match step {
             Step::Pair { donor, heir } => match find(donor) {
                 Some(donor_node) => {
                     if find(heir).is_some_and(|h| node_is_ready(&h)) {
@@ -993,7 +1044,7 @@ impl NodeVersionReconciler {
             },
             Step::Drain { node } => self.drain(nv, node, find(node).as_deref()).await,
             Step::Retire { node } => match find(node) {
-                Some(n) => self.retire(nv, &n).await,
+                Some(n) => return self.retire(nv, &n).await,
                 None => Ok(()),
             },
             Step::Create { group, count } => {
@@ -1010,7 +1061,8 @@ impl NodeVersionReconciler {
                 let creates = (0..count).map(|_| self.create_instance(nv, group, deadline, rollout_trace));
                 futures::future::join_all(creates).await.into_iter().collect()
             }
-        }
+        };
+        done.map(|()| None)
     }
 
     /// Pairs a joined heir with its donor: the heir inherits the donor's
@@ -1127,8 +1179,10 @@ impl NodeVersionReconciler {
     }
 
     /// Deletes a drained node's instance, then the node (the leaving
-    /// instance is tracked first, so it is deleted even if we die now).
-    async fn retire(&self, nv: &NodeVersion, n: &Node) -> Result<()> {
+    /// instance is tracked first, so it is deleted even if we die now). A
+    /// control-plane node loses its etcd member first; returns why it waits
+    /// for that, if it does (then nothing else is done).
+    async fn retire(&self, nv: &NodeVersion, n: &Node) -> Result<Option<String>> {
         let node = n.name_any();
         let provider_id = n
             .spec
@@ -1140,6 +1194,9 @@ impl NodeVersionReconciler {
         self.leader.ensure_leader()?;
         let began = std::time::Instant::now();
         self.evict_stragglers(&node).await?;
+        if let Some(wait) = self.remove_etcd_member(nv, n, replacement.as_ref()).await? {
+            return Ok(Some(wait));
+        }
         let stragglers_checked = began.elapsed();
         self.track_leave(&node, &provider_id, &group).await?;
         let leave_tracked = began.elapsed();
@@ -1185,7 +1242,100 @@ impl NodeVersionReconciler {
         }
         // Where a retirement's time goes (each figure counts from its start).
         tracing::debug!(%node, ?stragglers_checked, ?leave_tracked, took = ?began.elapsed(), "retired");
-        Ok(())
+        Ok(None)
+    }
+
+    /// Removes the etcd member of control-plane node `n` (the one whose
+    /// peer URL is on the node's InternalIP), when the rules allow it now
+    /// (`etcd::decide`). Returns why the retirement waits, if it does. A
+    /// node with no member (external etcd, or removed by an earlier pass)
+    /// is retired as it is.
+    async fn remove_etcd_member(
+        &self,
+        nv: &NodeVersion,
+        n: &Node,
+        replacement: Option<&(TraceParent, Option<SystemTime>)>,
+    ) -> Result<Option<String>> {
+        let Some(etcd) = &self.etcd else {
+            return Ok(None);
+        };
+        let group = annotation(n, GROUP_ANNOTATION).unwrap_or_default();
+        if !n.labels().contains_key(CONTROL_PLANE_LABEL) && self.role_of(group) != "control-plane" {
+            return Ok(None);
+        }
+        let node = n.name_any();
+        // The store keeps no addresses (`strip_node`): read them fresh.
+        let fresh = Api::<Node>::all(self.client.clone()).get(&node).await?;
+        let Some(ip) = internal_ip(&fresh) else {
+            let why = format!(
+                "node {node} has no InternalIP, so its etcd member cannot be told: it is not retired"
+            );
+            tracing::warn!(%node, "{why}");
+            self.event(nv, EventType::Warning, "EtcdMemberRemovalBlocked", why.clone());
+            return Ok(Some(why));
+        };
+        let heir = match annotation(n, HEIR_ANNOTATION) {
+            Some(heir) => Api::<Node>::all(self.client.clone())
+                .get_opt(heir)
+                .await?
+                .as_ref()
+                .and_then(internal_ip),
+            None => None,
+        };
+        let _turn = self.etcd_turn.lock().await;
+        let started = SystemTime::now();
+        let members = etcd.members().await?;
+        let health = etcd.health_of(&to_check(ip, &members)).await;
+        let (member, outcome) = match decide(ip, heir, &members, &health) {
+            Decision::Wait(blocked) => {
+                let why = format!("node {node} waits for the removal of its etcd member: {blocked}");
+                tracing::warn!(%node, %ip, %blocked, "etcd member removal waits");
+                self.event(nv, EventType::Warning, "EtcdMemberRemovalBlocked", why.clone());
+                return Ok(Some(why));
+            }
+            Decision::NoMember => {
+                tracing::info!(%node, %ip, "no etcd member on the node: external etcd, or removed already");
+                self.event(
+                    nv,
+                    EventType::Normal,
+                    "NoEtcdMember",
+                    format!(
+                        "no etcd member has a peer URL on {ip} (node {node}): etcd runs elsewhere or the member was removed already; the node is retired"
+                    ),
+                );
+                (None, "no member")
+            }
+            Decision::Remove(member) => {
+                self.leader.ensure_leader()?;
+                let removed = match etcd.remove_member(member.id).await {
+                    Err(EtcdError::ClusterUnhealthy(answer)) => {
+                        let why = format!(
+                            "node {node} waits for the removal of its etcd member {}: etcd refused it ({answer}): a member is down, or joined moments ago",
+                            member.label()
+                        );
+                        self.event(nv, EventType::Warning, "EtcdMemberRemovalBlocked", why.clone());
+                        return Ok(Some(why));
+                    }
+                    removed => removed?,
+                };
+                let (outcome, note) = match removed {
+                    Removed::Now => ("removed", "removed"),
+                    Removed::Already => ("removed already", "was removed already"),
+                };
+                tracing::info!(%node, %ip, member = %member.label(), outcome, "etcd member removed");
+                self.event(
+                    nv,
+                    EventType::Normal,
+                    "EtcdMemberRemoved",
+                    format!("etcd member {} of node {node} {note}", member.label()),
+                );
+                (Some(member), outcome)
+            }
+        };
+        if let Some((tp, _)) = replacement {
+            trace_etcd_member(tp, started, &node, ip, member.as_ref(), outcome).await;
+        }
+        Ok(None)
     }
 
     /// The last look before a drained node goes: a pod bound after the drain
@@ -2028,10 +2178,15 @@ mod tests {
             invalid_nodes: vec!["stray".into()],
             ..Default::default()
         };
+        let etcd = Problems {
+            etcd_waits: vec!["node c1 waits for the removal of its etcd member: ...".into()],
+            join_timeouts: vec!["w-new".into()],
+            ..Default::default()
+        };
         let none = Problems::default();
         // (what, nodes, control-plane first, problems, Progressing reason, Degraded reason)
         type Case<'a> = (&'a str, &'a [NodeFacts], bool, &'a Problems, &'a str, &'a str);
-        let cases: [Case; 7] = [
+        let cases: [Case; 8] = [
             (
                 "complete",
                 &all_current,
@@ -2087,6 +2242,15 @@ mod tests {
                 &invalid,
                 reason::ROLLOUT_COMPLETE,
                 reason::INVALID_NODES,
+            ),
+            // A control-plane node held by etcd comes first: it stops the rollout.
+            (
+                "etcd member removal waits",
+                &cp_outdated,
+                true,
+                &etcd,
+                reason::WAITING_FOR_CONTROL_PLANE,
+                reason::ETCD_MEMBER_REMOVAL_BLOCKED,
             ),
         ];
         for (what, nodes, cp_first, problems, progressing, degraded) in cases {

@@ -113,6 +113,31 @@ pub fn trace_delete_instance(
     );
 }
 
+/// The "remove etcd member" phase of a control-plane replacement: the
+/// member list, the health checks and the removal; `outcome` says what
+/// came of it ("removed", "removed already", "no member").
+pub async fn trace_etcd_member(
+    tp: &TraceParent,
+    started: SystemTime,
+    node: &str,
+    ip: std::net::IpAddr,
+    member: Option<&crate::etcd::Member>,
+    outcome: &str,
+) {
+    let mut span = SpanRecord::new("remove etcd member", started, SystemTime::now())
+        .attr("k8s.node.name", node.to_owned())
+        .attr("nodewarden.etcd.peer_ip", ip.to_string())
+        .attr("nodewarden.etcd.outcome", outcome.to_owned());
+    if let Some(m) = member {
+        span = span
+            .attr("nodewarden.etcd.member_id", format!("{:x}", m.id))
+            .attr("nodewarden.etcd.member_name", m.name.clone());
+    }
+    trace::emit_phase(tp, span);
+    // Sent before the node goes: a successor would find no member to trace.
+    trace::flush(TRACE_FLUSH_TIMEOUT).await;
+}
+
 /// Closes the trace of a node that joined but replaces nobody: a root span
 /// `surplus node`, so the phases it already has are not left without one.
 pub async fn trace_surplus(pending: &PendingNode, node: &str, why: &str) {

@@ -55,6 +55,7 @@ const CALLS: &[&str] = &[
     "delete_node(",
     "delete_if_present(",
     ".publish(",
+    "remove_member(",
 ];
 
 const EVENT: &str = "an Event: a record for people, never a decision input";
@@ -180,10 +181,11 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
     ),
     (
         "controllers/node_version.rs",
-        "report_cloud_error",
+        "report_error",
         ".patch_status(",
         Harmless(
-            "Degraded=CloudError: a report no decision reads; the next pass the cloud answers clears it",
+            "Degraded=CloudError or EtcdError: a report no decision reads; the next pass that gets \
+             through clears it",
         ),
     ),
     (
@@ -225,6 +227,19 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         "retire",
         "delete_if_present(",
         DeletePreconditions,
+    ),
+    (
+        "controllers/node_version.rs",
+        "remove_etcd_member",
+        "remove_member(",
+        Harmless(
+            "an etcd member removed by its ID, which etcd never reuses: landing late, after another \
+             leader removed it, it finds the ID gone and removes nothing (answered as removed \
+             already); it is sent only for a drained node whose heir is Ready and has its own \
+             member, for the member on that node's IP, after the other voting members were seen \
+             healthy, and etcd itself refuses a removal that would leave fewer started members \
+             than quorum",
+        ),
     ),
     (
         "controllers/node_version.rs",

@@ -28,6 +28,8 @@ pub enum Category {
     DrainIncomplete,
     /// The reconcile panicked (a bug; caught, counted and retried).
     Panic,
+    /// etcd refused or failed a request, or could not be reached.
+    Etcd,
 }
 
 impl Category {
@@ -44,6 +46,7 @@ impl Category {
             Category::Timeout => "Timeout",
             Category::DrainIncomplete => "DrainIncomplete",
             Category::Panic => "Panic",
+            Category::Etcd => "EtcdError",
         }
     }
 }

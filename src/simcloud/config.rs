@@ -12,6 +12,8 @@
 //!     deleteDelay: 3s           # Terminating -> Terminated
 //!     labels:                   # put on the group's Nodes
 //!       topology.kubernetes.io/zone: zone-a
+//!     internalIpBase: 10.0.1.10 # optional: the group's n-th instance (from 0)
+//!                               # gets this address + n as its Node's InternalIP
 //! ```
 //!
 //! Durations are `500ms`, `2s`, `1m`, `1h` or a bare number of seconds.
@@ -66,6 +68,10 @@ pub struct GroupConfig {
     /// Put on the group's Nodes.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The InternalIP of the group's first instance; each later one gets
+    /// the next address. None: kwok's default address.
+    #[serde(default)]
+    pub internal_ip_base: Option<std::net::Ipv4Addr>,
 }
 
 /// Why the config file cannot be used.
@@ -202,6 +208,7 @@ groups:
                     join_delay: Duration::ZERO,
                     delete_delay: Duration::ZERO,
                     labels: BTreeMap::new(),
+                    internal_ip_base: None,
                 }],
             };
             assert!(config.validate().is_err(), "{id:?} must be rejected");

@@ -78,6 +78,9 @@ pub struct Group {
     pub delete_delay_ms: Millis,
     /// Put on the group's Nodes.
     pub labels: BTreeMap<String, String>,
+    /// The InternalIP of its first instance (see the config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_ip_base: Option<std::net::Ipv4Addr>,
 }
 
 /// An instance, as persisted: its timestamps, from which its state follows
@@ -98,6 +101,8 @@ pub struct JoinJob {
     pub image: String,
     /// Its group's labels, for the Node.
     pub labels: BTreeMap<String, String>,
+    /// Its InternalIP, if its group assigns them.
+    pub internal_ip: Option<String>,
 }
 
 /// A request the model refuses.
@@ -166,6 +171,7 @@ impl Group {
             join_delay_ms: 0,
             delete_delay_ms: 0,
             labels: BTreeMap::new(),
+            internal_ip_base: None,
         };
         group.apply(config);
         group
@@ -180,6 +186,7 @@ impl Group {
         self.join_delay_ms = millis(config.join_delay);
         self.delete_delay_ms = millis(config.delete_delay);
         self.labels = config.labels.clone();
+        self.internal_ip_base = config.internal_ip_base;
     }
 }
 
@@ -223,6 +230,15 @@ impl Cloud {
             .get(group)
             .map(|g| g.image.clone())
             .unwrap_or_default();
+        // The group's n-th instance gets its base address + n, as a subnet
+        // hands out addresses (never one twice: instances are never forgotten).
+        let made = self.instances.values().filter(|i| i.group == group).count();
+        let internal_ip = self
+            .groups
+            .get(group)
+            .and_then(|g| g.internal_ip_base)
+            .and_then(|base| u32::from(base).checked_add(u32::try_from(made).ok()?))
+            .map(|ip| std::net::Ipv4Addr::from(ip).to_string());
         self.instances.entry(name.clone()).or_insert(Instance {
             name,
             group: group.to_string(),
@@ -235,6 +251,7 @@ impl Cloud {
             joined_at_ms: None,
             deleted_at_ms: None,
             terminated_at_ms: None,
+            internal_ip,
         })
     }
 
@@ -352,6 +369,7 @@ impl Cloud {
                     role: group.role,
                     image: i.image.clone(),
                     labels: group.labels.clone(),
+                    internal_ip: i.internal_ip.clone(),
                 })
             })
             .collect()
@@ -391,6 +409,7 @@ groups:
   - id: cp
     role: ControlPlane
     image: v1
+    internalIpBase: 10.0.1.254
 "#,
         )
         .expect("a config")
@@ -543,6 +562,20 @@ groups:
         cloud.delete(&a.name, T0).expect("known");
         let (b, _) = cloud.create("w", None, T0).expect("created");
         assert_ne!(a.name, b.name);
+    }
+
+    #[test]
+    fn a_group_hands_out_consecutive_internal_ips() {
+        let mut cloud = cloud();
+        let ips: Vec<Option<String>> = (0..3)
+            .map(|_| cloud.create("cp", None, T0).expect("created").0.internal_ip)
+            .collect();
+        let want = ["10.0.1.254", "10.0.1.255", "10.0.2.0"].map(|ip| Some(ip.to_string()));
+        assert_eq!(ips, want);
+        let (worker, _) = cloud.create("w", None, T0).expect("created");
+        assert_eq!(worker.internal_ip, None, "a group without a base assigns none");
+        let due = cloud.due_joins(T0 + 10_000);
+        assert!(due.iter().any(|j| j.internal_ip.as_deref() == Some("10.0.2.0")));
     }
 
     impl Cloud {

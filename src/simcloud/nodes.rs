@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus, NodeSystemInfo};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
@@ -70,6 +70,21 @@ pub fn node_for(job: &JoinJob) -> Node {
                 kubelet_version: "fake".into(),
                 ..NodeSystemInfo::default()
             }),
+            // As a kubelet registers: the instance's InternalIP and its
+            // Hostname (kwok's node-initialize stage keeps the addresses
+            // only when both are there, and replaces them otherwise).
+            addresses: job.internal_ip.as_ref().map(|ip| {
+                vec![
+                    NodeAddress {
+                        address: ip.clone(),
+                        type_: "InternalIP".into(),
+                    },
+                    NodeAddress {
+                        address: job.instance.clone(),
+                        type_: "Hostname".into(),
+                    },
+                ]
+            }),
             ..NodeStatus::default()
         }),
     }
@@ -101,6 +116,7 @@ mod tests {
                 ("zone".to_string(), "a".to_string()),
                 (SCALING_GROUP_LABEL.to_string(), "forged".to_string()),
             ]),
+            internal_ip: Some("10.0.1.7".into()),
         };
         let node = node_for(&job);
         let labels = node.metadata.labels.clone().unwrap_or_default();
@@ -115,6 +131,11 @@ mod tests {
             Some("sim://g/g-00001")
         );
         let status = node.status.unwrap_or_default();
+        let addresses = status.addresses.clone().unwrap_or_default();
+        assert_eq!(
+            (addresses[0].type_.as_str(), addresses[0].address.as_str()),
+            ("InternalIP", "10.0.1.7")
+        );
         assert_eq!(status.node_info.map(|i| i.os_image).as_deref(), Some("img-7"));
         assert_eq!(
             status.allocatable.unwrap_or_default()["memory"],

@@ -264,6 +264,7 @@ fn node_for(run_id: &str, id: &str, image: &str, zone: &str, dns: &str, role: &s
         },
         image: image.to_string(),
         labels: BTreeMap::from([(RUN_LABEL.to_string(), run_id.to_string())]),
+        internal_ip: None,
     };
     let mut node = nodewarden::simcloud::nodes::node_for(&job);
     if let Some(spec) = node.spec.as_mut() {

@@ -12,7 +12,7 @@
 //! `wait` (probes polled until done), `proxy` (a TCP proxy that cuts and stalls
 //! connections to the API server), `late` (a link that holds requests and
 //! delivers them late, to see how a write arriving after a leader change is answered), `operator` (the operator under test, run
-//! in-process), `audit` (the API server's record of nodewarden's writes); `admission` (a webhook configuration pointing at a test's webhook), `manifests`, `aws` (moto, Auto Scaling groups, a joiner), `jaeger`, `sim`, `rollout`, `plans`, `metal3` (metal3's genuine BareMetalHost CRD), `nmo` (the pinned peer, for benches), `procstat` (CPU time by process, for benches), `sip` and `replicas` (nodewarden
+//! in-process), `audit` (the API server's record of nodewarden's writes); `admission` (a webhook configuration pointing at a test's webhook), `manifests`, `aws` (moto, Auto Scaling groups, a joiner), `jaeger`, `sim`, `rollout`, `plans`, `metal3` (metal3's genuine BareMetalHost CRD), `etcd` (a real etcd cluster, a member per loopback address), `nmo` (the pinned peer, for benches), `procstat` (CPU time by process, for benches), `sip` and `replicas` (nodewarden
 //! run as processes, like the pods of its Deployment) for the tests that need them. Tests use the names re-exported here.
 #![allow(dead_code)] // Each test binary uses a different part of the harness.
 
@@ -20,6 +20,7 @@ pub mod admission;
 pub mod audit;
 pub mod aws;
 pub mod chaos;
+pub mod etcd;
 pub mod jaeger;
 pub mod late;
 pub mod maintenances;

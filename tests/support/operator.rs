@@ -75,6 +75,7 @@ impl TestEnv {
             workers: 8,
             cloud,
             cloud_ration: Default::default(),
+            etcd: None,
             discover_scaling_groups: None,
             admission: None,
             webhook_limits: Default::default(),

@@ -372,17 +372,33 @@ pub struct Rollout {
 }
 
 pub async fn setup(test: &str, groups: &[(&'static str, &'static str, usize)]) -> Rollout {
+    setup_with(test, groups, json!({})).await
+}
+
+/// As [`setup`], every group's sim-cloud config extended (or overridden)
+/// by the fields of `extra` (e.g. `internalIpBase`, `bootDelay`).
+pub async fn setup_with(
+    test: &str,
+    groups: &[(&'static str, &'static str, usize)],
+    extra: serde_json::Value,
+) -> Rollout {
     let env = TestEnv::new(test).await;
     super::install_crds(&env.client).await;
     let groups: Vec<(String, &'static str, usize)> = groups
         .iter()
         .map(|(g, role, size)| (format!("{}-{g}", env.id), *role, *size))
         .collect();
-    let config = json!({"groups": groups.iter().map(|(id, role, size)| json!({
-        "id": id, "role": role, "initialSize": size, "image": "img-1",
-        "bootDelay": format!("{}ms", BOOT.as_millis()), "joinDelay": format!("{}ms", JOIN.as_millis()),
-        "deleteDelay": "1s", "labels": {RUN_LABEL: env.id},
-    })).collect::<Vec<_>>()});
+    let config = json!({"groups": groups.iter().map(|(id, role, size)| {
+        let mut group = json!({
+            "id": id, "role": role, "initialSize": size, "image": "img-1",
+            "bootDelay": format!("{}ms", BOOT.as_millis()), "joinDelay": format!("{}ms", JOIN.as_millis()),
+            "deleteDelay": "1s", "labels": {RUN_LABEL: env.id},
+        });
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            group[k] = v.clone();
+        }
+        group
+    }).collect::<Vec<_>>()});
     let sim = SimCloud::start_with_config(&serde_json::to_string(&config).expect("json")).await;
     let total: usize = groups.iter().map(|g| g.2).sum();
     let nodes: Api<Node> = Api::all(env.client.clone());

@@ -77,6 +77,11 @@ pub mod reason {
     pub const INVALID_NODES: &str = "InvalidNodes";
     /// Degraded=True: the cloud provider keeps refusing or failing requests.
     pub const CLOUD_ERROR: &str = "CloudError";
+    /// Degraded=True: a control-plane node is not retired yet because its
+    /// etcd member cannot be removed safely (the message names the members).
+    pub const ETCD_MEMBER_REMOVAL_BLOCKED: &str = "EtcdMemberRemovalBlocked";
+    /// Degraded=True: etcd cannot be reached or refuses nodewarden's requests.
+    pub const ETCD_ERROR: &str = "EtcdError";
     /// Progressing=False, Degraded=True: nodewarden runs without a cloud provider.
     pub const NO_CLOUD_PROVIDER: &str = "NoCloudProvider";
     /// RolloutSettings: every setting is the NodeVersion's own.

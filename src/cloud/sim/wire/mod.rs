@@ -83,6 +83,10 @@ pub struct Instance {
     /// When its delete is (or was) done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminated_at_ms: Option<u64>,
+    /// The address its Node reports as InternalIP, when its group
+    /// assigns them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_ip: Option<String>,
 }
 
 /// One group as `GET /groups` shows it. A provider may read the answer as
@@ -256,6 +260,7 @@ mod tests {
                 joined_at_ms: None,
                 deleted_at_ms: None,
                 terminated_at_ms: None,
+                internal_ip: None,
             },
         };
         let json = serde_json::to_value(&view).expect("serializes");

@@ -1,0 +1,14 @@
+//! etcd member removal before a control-plane node is retired: on a stacked
+//! etcd (kubeadm's default) every control-plane node runs a member, and a
+//! node deleted with its member still listed leaves a dead voter behind;
+//! two of those and a three-member cluster has no failure left to spare.
+//!
+//! `rules` decides (pure: which member is the node's, whether removing it
+//! keeps the rest healthy and in quorum); `client` talks to etcd's v3 JSON
+//! gateway. The NodeVersion controller calls both while it retires a node.
+
+pub mod client;
+pub mod rules;
+
+pub use client::{EtcdClient, EtcdConfig, EtcdError, Removed};
+pub use rules::{Blocked, Decision, Health, Member, decide, to_check};
