@@ -527,11 +527,7 @@ async fn wait_for_event(env: &TestEnv, reason: &str, words: &str) {
 /// Deployment keeping its selector.
 #[tokio::test]
 async fn takeover_from_airship_sip_keeps_every_host_and_service() {
-    let env = TestEnv::new("sip-takeover").await;
-    support::install_crds(&env.client).await;
-    env.create_kwok_nodes(2, &[]).await;
-    put_ssh_keys(&env).await;
-    create_racks(&env, 3, 3).await;
+    let env = sip_env("sip-takeover", 3, 3).await;
     let held = [
         ("r0-h0", "ControlPlane"),
         ("r1-h0", "ControlPlane"),
@@ -680,11 +676,7 @@ fn mounts(pod: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
 /// render is named, and without the ConfigMap nodewarden's own serves.
 #[tokio::test]
 async fn the_jump_host_has_upstreams_layout_and_a_template_configures_the_load_balancer() {
-    let env = TestEnv::new("sip-layout").await;
-    support::install_crds(&env.client).await;
-    env.create_kwok_nodes(1, &[]).await;
-    put_ssh_keys(&env).await;
-    create_racks(&env, 2, 2).await;
+    let env = sip_env("sip-layout", 2, 2).await;
     create_host(&env, "bare-w", "rack-9", "worker", "10.23.9.10").await;
     drop_host_label(&env, "bare-w", "test.nodewarden.dev/server").await;
     let template = "# from the ConfigMap\n{{- $servers := .Servers }}\n{{- range .ContainerPorts }}\n{{- $p := . }}\nlisten {{ $p.Name }}\n  bind *:{{ $p.ContainerPort }}\n{{- range $servers }}\n  server {{ .Name }} {{ .IP }}:{{ $p.ContainerPort }}\n{{- end }}\n{{- end }}\n";
@@ -851,11 +843,7 @@ async fn the_jump_host_has_upstreams_layout_and_a_template_configures_the_load_b
 /// services run, and once it is gone the service is made.
 #[tokio::test]
 async fn an_object_another_controller_owns_is_named_not_fought_over() {
-    let env = TestEnv::new("sip-blocked").await;
-    support::install_crds(&env.client).await;
-    env.create_kwok_nodes(1, &[]).await;
-    put_ssh_keys(&env).await;
-    create_racks(&env, 2, 2).await;
+    let env = sip_env("sip-blocked", 2, 2).await;
     create_dynamic(
         &env,
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "someone"}}),
@@ -925,11 +913,7 @@ async fn an_object_another_controller_owns_is_named_not_fought_over() {
 /// following it.
 #[tokio::test]
 async fn services_an_earlier_nodewarden_made_keep_their_selector() {
-    let env = TestEnv::new("sip-older").await;
-    support::install_crds(&env.client).await;
-    env.create_kwok_nodes(1, &[]).await;
-    put_ssh_keys(&env).await;
-    create_racks(&env, 2, 2).await;
+    let env = sip_env("sip-older", 2, 2).await;
     let older = json!({"app.kubernetes.io/name": "jumphost-older"});
     create_dynamic(
         &env,

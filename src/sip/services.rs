@@ -768,22 +768,6 @@ mod tests {
         }
     }
 
-    /// Every mount of a pod as `container: path <- volume[subPath]`.
-    fn mounts(pod: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
-        let all = pod.init_containers.iter().flatten().chain(&pod.containers);
-        all.flat_map(|c| {
-            c.volume_mounts.iter().flatten().map(move |m| {
-                let sub = m
-                    .sub_path
-                    .as_deref()
-                    .map(|s| format!("[{s}]"))
-                    .unwrap_or_default();
-                format!("{}: {} <- {}{sub}", c.name, m.mount_path, m.name)
-            })
-        })
-        .collect()
-    }
-
     /// The jump host's pod as upstream SIP's jump-host image expects it.
     #[test]
     fn the_jump_host_pod_has_upstreams_layout() {
@@ -796,15 +780,33 @@ mod tests {
             .template
             .spec
             .expect("pod");
+        // (path, volume, subPath) of the one container; the init container mounts nothing.
+        let got: Vec<(&str, &str, Option<&str>)> = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.mount_path.as_str(), m.name.as_str(), m.sub_path.as_deref()))
+            .collect();
         assert_eq!(
-            mounts(&pod),
+            got,
             [
-                "jumphost: /etc/opt/sip/hosts <- data[hosts]",
-                "jumphost: /opt/sip/bin <- scripts",
-                "jumphost: /home/ubuntu/.ssh/config <- data[ssh_config]",
-                "jumphost: /etc/opt/sip/ssh-private-keys <- ssh-private-keys",
-                "jumphost: /home/ubuntu/.ssh/authorized_keys <- authorized-keys[authorized_keys]",
+                ("/etc/opt/sip/hosts", "data", Some("hosts")),
+                ("/opt/sip/bin", "scripts", None),
+                ("/home/ubuntu/.ssh/config", "data", Some("ssh_config")),
+                ("/etc/opt/sip/ssh-private-keys", "ssh-private-keys", None),
+                (
+                    "/home/ubuntu/.ssh/authorized_keys",
+                    "authorized-keys",
+                    Some("authorized_keys")
+                ),
             ]
+        );
+        assert_eq!(pod.containers.len(), 1);
+        assert!(
+            pod.init_containers
+                .iter()
+                .flatten()
+                .all(|c| c.volume_mounts.is_none())
         );
         let volumes: Vec<serde_json::Value> = pod
             .volumes

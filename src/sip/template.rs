@@ -213,56 +213,58 @@ fn closing(s: &str, line: usize) -> Result<usize, TemplateError> {
         let from = skip + end + 2;
         return s[from..].find("}}").map(|i| from + i).ok_or_else(unclosed);
     }
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
+    let mut quotes = Quotes::default();
     for (i, c) in s.char_indices() {
-        match quote {
-            Some(q) => {
-                if escaped {
-                    escaped = false;
-                } else if c == '\\' && q == '"' {
-                    escaped = true;
-                } else if c == q {
-                    quote = None;
-                }
-            }
-            None if c == '"' || c == '`' => quote = Some(c),
-            None if s[i..].starts_with("}}") => return Ok(i),
-            None => {}
+        if !quotes.inside(c) && s[i..].starts_with("}}") {
+            return Ok(i);
         }
     }
     Err(unclosed())
+}
+
+/// Whether a character is inside a quoted string (`"…"` with `\` escapes,
+/// or a raw `` `…` ``), fed one character at a time.
+#[derive(Default)]
+struct Quotes {
+    open: Option<char>,
+    escaped: bool,
+}
+
+impl Quotes {
+    /// Whether `c` belongs to a quoted string (its quotes included).
+    fn inside(&mut self, c: char) -> bool {
+        match self.open {
+            Some(q) => {
+                if self.escaped {
+                    self.escaped = false;
+                } else if c == '\\' && q == '"' {
+                    self.escaped = true;
+                } else if c == q {
+                    self.open = None;
+                }
+                true
+            }
+            None if c == '"' || c == '`' => {
+                self.open = Some(c);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// An action's words, quoted strings kept whole.
 fn words(action: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
+    let mut quotes = Quotes::default();
     for c in action.chars() {
-        match quote {
-            Some(q) => {
-                current.push(c);
-                if escaped {
-                    escaped = false;
-                } else if c == '\\' && q == '"' {
-                    escaped = true;
-                } else if c == q {
-                    quote = None;
-                }
+        if !quotes.inside(c) && is_space(c) {
+            if !current.is_empty() {
+                out.push(std::mem::take(&mut current));
             }
-            None if is_space(c) => {
-                if !current.is_empty() {
-                    out.push(std::mem::take(&mut current));
-                }
-            }
-            None => {
-                if c == '"' || c == '`' {
-                    quote = Some(c);
-                }
-                current.push(c);
-            }
+        } else {
+            current.push(c);
         }
     }
     if !current.is_empty() {

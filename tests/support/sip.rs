@@ -416,3 +416,14 @@ pub async fn watch_releases(
         }
     }
 }
+
+/// A test namespace with the CRDs, a kwok node for the services' pods, the
+/// jump host's key Secret and `racks` × `per_rack` hosts.
+pub async fn sip_env(name: &str, racks: usize, per_rack: usize) -> TestEnv {
+    let env = TestEnv::new(name).await;
+    super::install_crds(&env.client).await;
+    env.create_kwok_nodes(1, &[]).await;
+    put_ssh_keys(&env).await;
+    create_racks(&env, racks, per_rack).await;
+    env
+}
