@@ -650,6 +650,16 @@ async fn takeover_from_airship_sip_keeps_every_host_and_service() {
     env.cleanup().await;
 }
 
+/// The template ConfigMaps are read on every pass, at most 30 s apart: a
+/// change of the SIPCluster (an annotation) runs one at once.
+async fn nudge(env: &TestEnv, sip: &str, value: &str) {
+    let patch = json!({"metadata": {"annotations": {"test.nodewarden.dev/nudge": value}}});
+    sips(env)
+        .patch(sip, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotating the SIPCluster");
+}
+
 /// Every mount of a pod's containers as `container: path <- volume[subPath]`.
 fn mounts(pod: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
     pod.init_containers
@@ -816,12 +826,14 @@ async fn the_jump_host_has_upstreams_layout_and_a_template_configures_the_load_b
         )
         .await
         .expect("changing the template");
+    nudge(&env, "tenant", "1").await;
     let message = wait_ready(&env, "tenant", "False", "TemplateNotRendered").await;
     let named = format!("ConfigMap {}/loadbalancerworker", env.namespace);
     assert!(
         message.contains(&named) && message.contains("the pipe"),
         "{message}"
     );
+    wait_for_event(&env, "TemplateNotRendered", &named).await;
     assert_eq!(
         haproxy_config(&env, "loadbalancer-worker-tenant").await,
         want,
@@ -831,6 +843,7 @@ async fn the_jump_host_has_upstreams_layout_and_a_template_configures_the_load_b
         .delete("loadbalancerworker", &DeleteParams::default())
         .await
         .expect("deleting the template");
+    nudge(&env, "tenant", "2").await;
     wait_ready(&env, "tenant", "True", "ReconciliationSucceeded").await;
     let own = haproxy_config(&env, "loadbalancer-worker-tenant").await;
     assert!(own.contains("option tcp-check"), "nodewarden's own again:\n{own}");

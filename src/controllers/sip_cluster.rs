@@ -522,6 +522,9 @@ impl SipReconciler {
             mut failures,
             kept,
         } = build_services(sip, &owner, members, details, &keys, &templates);
+        for (_, why) in failures.iter().filter(|(r, _)| *r == TEMPLATE_NOT_RENDERED) {
+            self.event(sip, EventType::Warning, TEMPLATE_NOT_RENDERED, why.clone());
+        }
         let mut endpoints = Vec::new();
         let uid = owner.reference.uid.clone();
         for (kind, objects) in wanted {

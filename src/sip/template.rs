@@ -736,7 +736,8 @@ mod tests {
         Template::parse(source)?.render(&data())
     }
 
-    /// (template, what it renders), as Go renders it.
+    /// (template, what it renders): each output is what Go's html/template
+    /// printed for the same template over the same data (as structs).
     #[test]
     fn renders_as_go_does() {
         let cases = [
