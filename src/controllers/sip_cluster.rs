@@ -34,7 +34,7 @@ use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::sip::hosts;
 use crate::sip::schedule::{self, Candidate, ClusterPlan, HostState, Member, RoleView, RoleWants};
 use crate::sip::services::{self, Backend, BmcHost, Existing, Owner, ServiceObjects};
-use crate::sip::template::Template;
+use crate::sip::template::{Template, TemplateError};
 use crate::telemetry::metrics::{Metrics, SipRoleLabels};
 use crate::telemetry::trace::{self, SpanRecord, TraceParent};
 
@@ -163,30 +163,24 @@ impl Reconciler for SipReconciler {
             return self.add_finalizer(&sip).await.map(|_| Action::Done);
         }
         let started = SystemTime::now();
-        let plan =
-            {
-                let _one_at_a_time = self.ctx.claiming.lock().await;
-                let view = self.gather(&sip);
-                // Hosts upstream SIP claimed carry no state label: such a cluster
-                // had its hosts, whatever its status lists, and keeps them.
-                let from_upstream =
-                    self.ctx.hosts.list().iter().any(|h| {
-                        claimed_by(h).as_ref() == Some(key) && h.labels().get(labels::STATE).is_none()
-                    });
-                let initial =
-                    |s: &SIPCluster| !from_upstream && s.status.as_ref().is_none_or(|s| s.hosts.is_empty());
-                let mut plan = schedule::plan_cluster(&view, initial(&sip));
-                if plan.held_back && plan.roles.iter().any(|p| !p.release.is_empty()) {
-                    // Giving hosts back is only right for a cluster that never had
-                    // them: make sure on a fresh read, not a cached status.
-                    let api: Api<SIPCluster> =
-                        Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default());
-                    let fresh = api.get(&sip.name_any()).await?;
-                    plan = schedule::plan_cluster(&view, initial(&fresh));
-                }
-                self.apply_hosts(&sip, &plan).await?;
-                plan
-            };
+        let plan = {
+            let _one_at_a_time = self.ctx.claiming.lock().await;
+            let view = self.gather(&sip);
+            let from_upstream = self.holds_hosts_from_upstream(key);
+            let initial =
+                |s: &SIPCluster| !from_upstream && s.status.as_ref().is_none_or(|s| s.hosts.is_empty());
+            let mut plan = schedule::plan_cluster(&view, initial(&sip));
+            if plan.held_back && plan.roles.iter().any(|p| !p.release.is_empty()) {
+                // Giving hosts back is only right for a cluster that never had
+                // them: make sure on a fresh read, not a cached status.
+                let api: Api<SIPCluster> =
+                    Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default());
+                let fresh = api.get(&sip.name_any()).await?;
+                plan = schedule::plan_cluster(&view, initial(&fresh));
+            }
+            self.apply_hosts(&sip, &plan).await?;
+            plan
+        };
         let labelled = SystemTime::now();
         let members = result_hosts(&plan);
         let details = self.host_details(&sip, &members).await;
@@ -235,6 +229,17 @@ struct HostDetails {
 }
 
 impl SipReconciler {
+    /// Whether the cluster holds hosts upstream SIP claimed (they carry no
+    /// state label): such a cluster had its hosts, whatever its status
+    /// lists, and keeps them.
+    fn holds_hosts_from_upstream(&self, key: &Key<SIPCluster>) -> bool {
+        self.ctx
+            .hosts
+            .list()
+            .iter()
+            .any(|h| claimed_by(h).as_ref() == Some(key) && h.labels().get(labels::STATE).is_none())
+    }
+
     /// Each role's wants, hosts and free candidates, from the cache.
     fn gather(&self, sip: &SIPCluster) -> Vec<RoleView> {
         let ns = sip.namespace().unwrap_or_default();
@@ -860,6 +865,40 @@ struct Built {
     kept: BTreeSet<String>,
 }
 
+impl Built {
+    /// A load balancer's objects, or it is left out (keeping what it had)
+    /// and why is told.
+    fn load_balancer(
+        &mut self,
+        kind: &'static str,
+        name: String,
+        objects: std::result::Result<ServiceObjects, String>,
+    ) {
+        match objects {
+            Ok(o) => self.wanted.push((kind, o)),
+            Err(e) => self
+                .failures
+                .push((TEMPLATE_NOT_RENDERED, format!("{kind} {name}: {e}"))),
+        }
+        self.kept.insert(name);
+    }
+}
+
+/// A load balancer built with its template, if any; what fails names the
+/// ConfigMap and key.
+fn with_template(
+    ns: &str,
+    template: &Option<std::result::Result<Template, String>>,
+    (cm, key): (&str, &str),
+    build: impl FnOnce(Option<&Template>) -> std::result::Result<ServiceObjects, TemplateError>,
+) -> std::result::Result<ServiceObjects, String> {
+    match template {
+        None => build(None).map_err(|e| e.to_string()),
+        Some(Ok(t)) => build(Some(t)).map_err(|e| format!("ConfigMap {ns}/{cm} key {key}: {e}")),
+        Some(Err(e)) => Err(e.clone()),
+    }
+}
+
 /// Every service's objects (pure): the load balancers' backends are the
 /// role's active hosts, the jump host lists every host with its BMC.
 /// `keys`: per jump host, the names in its key Secret or why there are none
@@ -895,50 +934,23 @@ fn build_services(
         failures: Vec::new(),
         kept: BTreeSet::new(),
     };
-    // A load balancer from its template: rendered, or left out with why.
-    let mut load_balancer =
-        |kind: &'static str,
-         name: String,
-         template: &Option<std::result::Result<Template, String>>,
-         (cm, key): (&str, &str),
-         build: &dyn Fn(
-            Option<&Template>,
-        )
-            -> std::result::Result<ServiceObjects, crate::sip::template::TemplateError>| {
-            built.kept.insert(name.clone());
-            let result = match template {
-                None => build(None).map_err(|e| e.to_string()),
-                Some(Ok(t)) => {
-                    build(Some(t)).map_err(|e| format!("ConfigMap {}/{cm} key {key}: {e}", owner.namespace))
-                }
-                Some(Err(e)) => Err(e.clone()),
-            };
-            match result {
-                Ok(objects) => built.wanted.push((kind, objects)),
-                Err(e) => built
-                    .failures
-                    .push((TEMPLATE_NOT_RENDERED, format!("{kind} {name}: {e}"))),
-            }
-        };
+    let ns = &owner.namespace;
     for (i, lb) in s.load_balancer_control_plane.iter().enumerate() {
         let b = backends("ControlPlane", &lb.common.node_interface_id);
-        load_balancer(
-            "loadBalancerControlPlane",
-            services::instance_name("loadbalancer-controlplane", owner, i),
-            &templates.control_plane,
-            services::CONTROL_PLANE_TEMPLATE,
-            &|t| services::load_balancer_control_plane(owner, i, lb, &b, t),
-        );
+        let name = services::instance_name("loadbalancer-controlplane", owner, i);
+        let t = &templates.control_plane;
+        let objects = with_template(ns, t, services::CONTROL_PLANE_TEMPLATE, |t| {
+            services::load_balancer_control_plane(owner, i, lb, &b, t)
+        });
+        built.load_balancer("loadBalancerControlPlane", name, objects);
     }
     for (i, lb) in s.load_balancer_worker.iter().enumerate() {
         let b = backends("Worker", &lb.common.node_interface_id);
-        load_balancer(
-            "loadBalancerWorker",
-            services::instance_name("loadbalancer-worker", owner, i),
-            &templates.worker,
-            services::WORKER_TEMPLATE,
-            &|t| services::load_balancer_worker(owner, i, lb, &b, t),
-        );
+        let name = services::instance_name("loadbalancer-worker", owner, i);
+        let objects = with_template(ns, &templates.worker, services::WORKER_TEMPLATE, |t| {
+            services::load_balancer_worker(owner, i, lb, &b, t)
+        });
+        built.load_balancer("loadBalancerWorker", name, objects);
     }
     for ((i, jh), keys) in s.jump_host.iter().enumerate().zip(keys) {
         // A jump host whose key Secret is missing keeps what it had.
@@ -1196,6 +1208,51 @@ mod tests {
             if let Err(e) = result {
                 assert_eq!(e.category(), crate::error::Category::Conflict, "{what}");
                 assert!(e.to_string().contains("metal/h"), "{what}: {e}");
+            }
+        }
+    }
+
+    /// (the ConfigMap as read, the template used or what is said).
+    #[test]
+    fn a_template_configmap_is_used_or_named_never_passed_over() {
+        let cm = |data: serde_json::Value| -> Option<ConfigMap> {
+            Some(
+                serde_json::from_value(json!({"metadata": {"name": "loadbalancerworker"}, "data": data}))
+                    .expect("a cm"),
+            )
+        };
+        let key = "loadBalancerWorker.cfg";
+        type Read = std::result::Result<Option<ConfigMap>, String>;
+        type Case<'a> = (&'a str, Read, Option<std::result::Result<(), &'a str>>);
+        let cases: [Case; 5] = [
+            ("none there: nodewarden's own", Ok(None), None),
+            ("a template", Ok(cm(json!({key: "bind *:{{ 1 }}"}))), Some(Ok(()))),
+            (
+                "without the key",
+                Ok(cm(json!({"other": "x"}))),
+                Some(Err(
+                    "ConfigMap sip/loadbalancerworker has no key loadBalancerWorker.cfg",
+                )),
+            ),
+            (
+                "an unsupported construct",
+                Ok(cm(json!({key: "x\n{{ len .Servers }}"}))),
+                Some(Err(
+                    "ConfigMap sip/loadbalancerworker key loadBalancerWorker.cfg: line 2: the function `len`",
+                )),
+            ),
+            (
+                "not readable",
+                Err("403 Forbidden".into()),
+                Some(Err("ConfigMap sip/loadbalancerworker: 403 Forbidden")),
+            ),
+        ];
+        for (what, found, want) in cases {
+            let got = parse_template("sip", "loadbalancerworker", key, found);
+            match (got, want) {
+                (None, None) | (Some(Ok(_)), Some(Ok(()))) => {}
+                (Some(Err(e)), Some(Err(w))) => assert!(e.starts_with(w), "{what}: {e}"),
+                (got, _) => panic!("{what}: {got:?}"),
             }
         }
     }
