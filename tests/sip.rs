@@ -622,6 +622,21 @@ async fn takeover_from_airship_sip_keeps_every_host_and_service() {
         let svc = services.get(&name).await.expect("the service");
         assert_eq!(svc.spec.and_then(|s| s.selector), Some(want), "{name}'s Service");
     }
+    // The load balancer is placed by nodeLabels now (nodeSelector is one
+    // atomic field); upstream's toleration, a field nodewarden leaves
+    // alone, stays.
+    let lb = deployments
+        .get("loadbalancer-controlplane-tenant")
+        .await
+        .expect("it");
+    let pod = lb.spec.and_then(|s| s.template.spec).expect("a pod");
+    let placement = pod.node_selector.unwrap_or_default();
+    assert_eq!(placement.keys().collect::<Vec<_>>(), [RUN_LABEL], "{placement:?}");
+    let tolerated = pod.tolerations.unwrap_or_default();
+    assert_eq!(
+        tolerated.iter().map(|t| t.key.as_deref()).collect::<Vec<_>>(),
+        [Some("node-role.kubernetes.io/master")]
+    );
     let jump = deployments.get("jumphost-tenant").await.expect("the jump host");
     let pod = jump.spec.and_then(|s| s.template.spec).expect("a pod");
     assert_eq!(
@@ -646,6 +661,7 @@ async fn takeover_from_airship_sip_keeps_every_host_and_service() {
     stop.cancel();
     let released = releases.await.expect("the watch");
     assert!(released.is_empty(), "hosts released on takeover: {released:?}");
+    delete_sip_and_wait(&env, "tenant").await;
     operator.stop().await;
     env.cleanup().await;
 }
@@ -847,6 +863,7 @@ async fn the_jump_host_has_upstreams_layout_and_a_template_configures_the_load_b
     wait_ready(&env, "tenant", "True", "ReconciliationSucceeded").await;
     let own = haproxy_config(&env, "loadbalancer-worker-tenant").await;
     assert!(own.contains("option tcp-check"), "nodewarden's own again:\n{own}");
+    delete_sip_and_wait(&env, "tenant").await;
     operator.stop().await;
     env.cleanup().await;
 }
@@ -917,6 +934,7 @@ async fn an_object_another_controller_owns_is_named_not_fought_over() {
         made.owner_references().first().map(|o| o.name.as_str()),
         Some("held")
     );
+    delete_sip_and_wait(&env, "held").await;
     operator.stop().await;
     env.cleanup().await;
 }
@@ -976,6 +994,7 @@ async fn services_an_earlier_nodewarden_made_keep_their_selector() {
         .await
         .expect("the service");
     assert_eq!(svc.spec.and_then(|s| s.selector), Some(want));
+    delete_sip_and_wait(&env, "older").await;
     operator.stop().await;
     env.cleanup().await;
 }

@@ -322,21 +322,25 @@ pub async fn create_upstream_service(
         .iter()
         .map(|(n, p, _)| json!({"name": n, "containerPort": p}))
         .collect();
-    let (volume, mount) = match component {
+    // Upstream forces its load balancers onto control-plane nodes.
+    let (volume, mount, placement) = match component {
         "jumphost" => (
             json!({"name": "scripts", "configMap": {"name": instance, "defaultMode": 0o777}}),
             json!({"name": "scripts", "mountPath": "/opt/sip/bin"}),
+            json!({}),
         ),
         _ => (
             json!({"name": "haproxy-config", "secret": {"secretName": instance}}),
             json!({"name": "haproxy-config", "mountPath": "/usr/local/etc/haproxy"}),
+            json!({"node-role.kubernetes.io/master": ""}),
         ),
     };
     let objects = [
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": instance, "labels": labels},
             "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels},
                 "spec": {"containers": [{"name": component, "image": "upstream", "ports": ports, "volumeMounts": [mount]}],
-                         "volumes": [volume]}}}}),
+                         "volumes": [volume], "nodeSelector": placement,
+                         "tolerations": [{"key": "node-role.kubernetes.io/master", "effect": "NoSchedule"}]}}}}),
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": instance},
             "spec": {"type": "NodePort", "selector": labels,
                 "ports": node_ports.iter().map(|(n, p, np)| json!({"name": n, "port": p, "nodePort": np})).collect::<Vec<_>>()}}),
