@@ -163,13 +163,15 @@ fn pieces(source: &str) -> Result<Vec<Piece>, TemplateError> {
     let mut line = 1;
     let mut trim_next = false;
     while !rest.is_empty() {
+        let text_end = rest.find("{{").unwrap_or(rest.len());
+        no_markup(&rest[..text_end], line)?;
         let Some(open) = rest.find("{{") else {
             let text = if trim_next {
                 rest.trim_start_matches(is_space)
             } else {
                 rest
             };
-            out.push(Piece::Text(text.to_string()));
+            out.push(Piece::Text(text.replace('<', "&lt;")));
             break;
         };
         let mut text = &rest[..open];
@@ -182,7 +184,7 @@ fn pieces(source: &str) -> Result<Vec<Piece>, TemplateError> {
         if trim_left {
             text = text.trim_end_matches(is_space);
         }
-        out.push(Piece::Text(text.to_string()));
+        out.push(Piece::Text(text.replace('<', "&lt;")));
         let inner_start = if trim_left { 1 } else { 0 };
         let close = closing(after, line)?;
         let mut inner = &after[inner_start..close];
@@ -198,6 +200,27 @@ fn pieces(source: &str) -> Result<Vec<Piece>, TemplateError> {
         rest = &after[close + 2..];
     }
     Ok(out)
+}
+
+/// Refuses HTML markup in the text (`<a`, `</`, `<!`): upstream's
+/// html/template reads the text as HTML and escapes each value by where it
+/// stands (inside a tag, an attribute, a script) and drops HTML comments;
+/// this renderer escapes every value as text, so it renders only text (any
+/// other `<` becomes `&lt;`, as html/template writes it).
+fn no_markup(text: &str, line: usize) -> Result<(), TemplateError> {
+    for (i, _) in text.match_indices('<') {
+        let next = text[i + 1..].chars().next();
+        if next.is_some_and(|c| c.is_ascii_alphabetic() || matches!(c, '/' | '!' | '?')) {
+            let at = line + text[..i].matches('\n').count();
+            let tag: String = text[i..]
+                .chars()
+                .take_while(|c| !c.is_whitespace())
+                .take(12)
+                .collect();
+            return Err(unsupported(format!("HTML markup `{tag}` in the text"), at));
+        }
+    }
+    Ok(())
 }
 
 /// Where the action that `s` begins closes (`}}` outside quotes and comments).
@@ -766,6 +789,10 @@ mod tests {
             ),
             ("{{ $x := 1 }}{{ if true }}{{ $x = 2 }}{{ end }}{{ $x }}", "2"),
             ("{{ .Note }}", "a&lt;b &amp; &#39;c&#39;&#43;&#34;d&#34;"),
+            (
+                "timeout < 5 {{ 1 }} x <= 2 & y > 1",
+                "timeout &lt; 5 1 x &lt;= 2 & y > 1",
+            ),
             ("{{ $.Servers }}", "[{10.0.0.1 w-1} {10.0.0.2 w-2}]"),
         ];
         for (source, want) in cases {
@@ -784,6 +811,7 @@ mod tests {
             ("{{ define \"x\" }}{{ end }}", "`define`"),
             ("{{ range .Servers }}{{ break }}{{ end }}", "`break`"),
             ("{{ (index .Servers 0) }}", "the parenthesized"),
+            ("a\n# <b>{{ .Note }}</b>", "line 2: HTML markup `<b>`"),
             (
                 "{{ if .Servers }}x{{ else with .Note }}y{{ end }}",
                 "`else with .Note`",
