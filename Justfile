@@ -58,9 +58,9 @@ chaos seeds="1 2 3 4 5 6 7 8 9 10":
     done
     exit $failed
 
-# shellcheck (pinned, cached outside the repository) on the e2e and CI scripts; rustfmt check and clippy with warnings denied.
+# shellcheck (pinned, cached outside the repository) on the e2e and CI scripts and the scripts nodewarden ships (src); rustfmt check and clippy with warnings denied.
 lint:
-    e2e/tools/shellcheck.sh --external-sources $(find e2e -name '*.sh' | sort) .ci/run
+    e2e/tools/shellcheck.sh --external-sources $(find e2e src -name '*.sh' | sort) .ci/run
     cargo fmt --all -- --check
     cargo clippy --all-targets -- -D warnings
 

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use nodewarden::api::metal3::BareMetalHost;
@@ -467,6 +467,534 @@ async fn the_samples_apply_strictly_and_their_sipcluster_becomes_ready() {
         );
         let _ = hosts.delete(&h.name_any(), &DeleteParams::default()).await;
     }
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// The objects of the three services of SIPCluster `sip`: (kind, name).
+fn service_objects(sip: &str) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    for prefix in ["loadbalancer-controlplane", "loadbalancer-worker", "jumphost"] {
+        let name = format!("{prefix}-{sip}");
+        for kind in ["Deployment", "Service", "Secret"] {
+            out.push((kind, name.clone()));
+        }
+    }
+    out.push(("ConfigMap", format!("jumphost-{sip}")));
+    out
+}
+
+async fn uids(env: &TestEnv, sip: &str) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    for (kind, name) in service_objects(sip) {
+        let uid = match kind {
+            "Deployment" => uid_of::<Deployment>(env, &name).await,
+            "Service" => uid_of::<Service>(env, &name).await,
+            "Secret" => uid_of::<Secret>(env, &name).await,
+            _ => uid_of::<ConfigMap>(env, &name).await,
+        };
+        out.push((format!("{kind} {name}"), uid));
+    }
+    out
+}
+
+/// Waits for an Event of `reason` whose message holds `words`.
+async fn wait_for_event(env: &TestEnv, reason: &str, words: &str) {
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(env.client.clone(), &env.namespace);
+    wait_for(&format!("a {reason} Event: {words}"), TIMEOUT, || async {
+        match events
+            .list(&ListParams::default().fields(&format!("reason={reason}")))
+            .await
+        {
+            Ok(l)
+                if l.items
+                    .iter()
+                    .any(|e| e.message.as_deref().is_some_and(|m| m.contains(words))) =>
+            {
+                Probe::Done(())
+            }
+            Ok(l) => Probe::NotYet(format!("{} {reason} events", l.items.len())),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+}
+
+/// Airship SIP ran this SIPCluster: its hosts carry upstream's labels (no
+/// state label; one without its topology label), its services are
+/// upstream's objects (its labels and selectors, no owner). nodewarden
+/// takes over with no host released and no object recreated, each
+/// Deployment keeping its selector.
+#[tokio::test]
+async fn takeover_from_airship_sip_keeps_every_host_and_service() {
+    let env = sip_env("sip-takeover", 3, 3).await;
+    let held = [
+        ("r0-h0", "ControlPlane"),
+        ("r1-h0", "ControlPlane"),
+        ("r2-h0", "ControlPlane"),
+        ("r0-h1", "Worker"),
+        ("r1-h1", "Worker"),
+        ("r2-h1", "Worker"),
+    ];
+    for (host, role) in held {
+        label_as_upstream(&env, "tenant", host, role).await;
+    }
+    // Upstream treats a host without the topologyKey label as unconstrained.
+    drop_host_label(&env, "r2-h1", "test.nodewarden.dev/server").await;
+    let port = 30500;
+    create_upstream_service(
+        &env,
+        "loadbalancer-controlplane-tenant",
+        "loadbalancer",
+        &[("http", 6443, port)],
+    )
+    .await;
+    let worker_ports: Vec<(String, i32, i32)> = (port + 1..=port + 3)
+        .map(|p| (format!("port-{p}"), p, p))
+        .collect();
+    let worker_ports: Vec<(&str, i32, i32)> = worker_ports
+        .iter()
+        .map(|(n, p, np)| (n.as_str(), *p, *np))
+        .collect();
+    create_upstream_service(&env, "loadbalancer-worker-tenant", "loadbalancer", &worker_ports).await;
+    create_upstream_service(&env, "jumphost-tenant", "jumphost", &[("ssh", 22, port + 4)]).await;
+    let before = uids(&env, "tenant").await;
+    assert!(before.iter().all(|(_, u)| u.is_some()), "{before:?}");
+    let labels_before: Vec<_> = claimed(&env, "tenant")
+        .await
+        .into_iter()
+        .map(|(h, (r, _))| (h, r))
+        .collect();
+    assert_eq!(labels_before.len(), 6);
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (synced, listed) = tokio::sync::oneshot::channel();
+    let releases = tokio::spawn(watch_releases(
+        env.client.clone(),
+        env.namespace.clone(),
+        held.iter().map(|(h, _)| h.to_string()).collect(),
+        synced,
+        stop.clone(),
+    ));
+    listed.await.expect("the host watch listed");
+    create_sip(&env, "tenant", spec(&env, (3, 0), (2, 1), port))
+        .await
+        .expect("creating the SIPCluster");
+    let operator = env.start_operator(Default::default()).await;
+    wait_ready(&env, "tenant", "True", "ReconciliationSucceeded").await;
+    wait_for_event(&env, "Adopted", "Deployment").await;
+
+    // No object was made anew, every Deployment kept upstream's selector
+    // and is owned now, the Services select the same pods.
+    assert_eq!(uids(&env, "tenant").await, before, "no object recreated");
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    let services: Api<Service> = Api::namespaced(env.client.clone(), &env.namespace);
+    for (component, prefix) in [
+        ("loadbalancer", "loadbalancer-controlplane"),
+        ("loadbalancer", "loadbalancer-worker"),
+        ("jumphost", "jumphost"),
+    ] {
+        let name = format!("{prefix}-tenant");
+        let app = if component == "jumphost" {
+            "jumphost"
+        } else {
+            "haproxy"
+        };
+        let want: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(upstream_labels(&name, component, app)).expect("labels");
+        let d = deployments.get(&name).await.expect("the deployment");
+        assert_eq!(
+            d.owner_references().first().map(|o| o.kind.as_str()),
+            Some("SIPCluster"),
+            "{name} is owned now"
+        );
+        let spec = d.spec.expect("spec");
+        assert_eq!(
+            spec.selector.match_labels.as_ref(),
+            Some(&want),
+            "{name} keeps its selector"
+        );
+        let pod_labels = spec.template.metadata.and_then(|m| m.labels).unwrap_or_default();
+        assert!(
+            want.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+            "{name}: {pod_labels:?}"
+        );
+        let svc = services.get(&name).await.expect("the service");
+        assert_eq!(svc.spec.and_then(|s| s.selector), Some(want), "{name}'s Service");
+    }
+    // The load balancer is placed by nodeLabels now (nodeSelector is one
+    // atomic field); upstream's toleration, a field nodewarden leaves
+    // alone, stays.
+    let lb = deployments
+        .get("loadbalancer-controlplane-tenant")
+        .await
+        .expect("it");
+    let pod = lb.spec.and_then(|s| s.template.spec).expect("a pod");
+    let placement = pod.node_selector.unwrap_or_default();
+    assert_eq!(placement.keys().collect::<Vec<_>>(), [RUN_LABEL], "{placement:?}");
+    let tolerated = pod.tolerations.unwrap_or_default();
+    assert_eq!(
+        tolerated.iter().map(|t| t.key.as_deref()).collect::<Vec<_>>(),
+        [Some("node-role.kubernetes.io/master")]
+    );
+    let jump = deployments.get("jumphost-tenant").await.expect("the jump host");
+    let pod = jump.spec.and_then(|s| s.template.spec).expect("a pod");
+    assert_eq!(
+        pod.init_containers.as_ref().map(|c| c[0].name.as_str()),
+        Some("ssh-perms"),
+        "the jump host runs in nodewarden's layout now"
+    );
+
+    // Every host held as it was, the one without its topology label too.
+    let after: Vec<_> = claimed(&env, "tenant")
+        .await
+        .into_iter()
+        .map(|(h, (r, _))| (h, r))
+        .collect();
+    assert_eq!(after, labels_before, "the same hosts, the same roles");
+    let standby = claimed(&env, "tenant")
+        .await
+        .values()
+        .filter(|(_, s)| s == "standby")
+        .count();
+    assert_eq!(standby, 1, "one worker waits as the standby asked for");
+    stop.cancel();
+    let released = releases.await.expect("the watch");
+    assert!(released.is_empty(), "hosts released on takeover: {released:?}");
+    delete_sip_and_wait(&env, "tenant").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// The template ConfigMaps are read on every pass, at most 30 s apart: a
+/// change of the SIPCluster (an annotation) runs one at once.
+async fn nudge(env: &TestEnv, sip: &str, value: &str) {
+    let patch = json!({"metadata": {"annotations": {"test.nodewarden.dev/nudge": value}}});
+    sips(env)
+        .patch(sip, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotating the SIPCluster");
+}
+
+/// Every mount of a pod's containers as `container: path <- volume[subPath]`.
+fn mounts(pod: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
+    pod.init_containers
+        .iter()
+        .flatten()
+        .chain(&pod.containers)
+        .flat_map(|c| {
+            c.volume_mounts.iter().flatten().map(move |m| {
+                let sub = m
+                    .sub_path
+                    .as_deref()
+                    .map(|s| format!("[{s}]"))
+                    .unwrap_or_default();
+                format!("{}: {} <- {}{sub}", c.name, m.mount_path, m.name)
+            })
+        })
+        .collect()
+}
+
+/// The jump host as upstream's jump-host image expects it, on the API
+/// server; the BMC address keeps its port; a worker host without the
+/// topology label is claimed; the worker load balancer's configuration
+/// comes from upstream's template ConfigMap, a template nodewarden cannot
+/// render is named, and without the ConfigMap nodewarden's own serves.
+#[tokio::test]
+async fn the_jump_host_has_upstreams_layout_and_a_template_configures_the_load_balancer() {
+    let env = sip_env("sip-layout", 2, 2).await;
+    create_host(&env, "bare-w", "rack-9", "worker", "10.23.9.10").await;
+    drop_host_label(&env, "bare-w", "test.nodewarden.dev/server").await;
+    let template = "# from the ConfigMap\n{{- $servers := .Servers }}\n{{- range .ContainerPorts }}\n{{- $p := . }}\nlisten {{ $p.Name }}\n  bind *:{{ $p.ContainerPort }}\n{{- range $servers }}\n  server {{ .Name }} {{ .IP }}:{{ $p.ContainerPort }}\n{{- end }}\n{{- end }}\n";
+    let cm = |source: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "loadbalancerworker"},
+               "data": {"loadBalancerWorker.cfg": source}})
+    };
+    create_dynamic(&env, cm(template)).await;
+    let operator = env.start_operator(Default::default()).await;
+    let port = 30510;
+    create_sip(&env, "tenant", spec(&env, (1, 0), (3, 0), port))
+        .await
+        .expect("creating the SIPCluster");
+    wait_ready(&env, "tenant", "True", "ReconciliationSucceeded").await;
+    let got = claimed(&env, "tenant").await;
+    assert!(
+        got.contains_key("bare-w"),
+        "a host without the topology label is claimed: {got:?}"
+    );
+
+    // The rendered template, servers in name order.
+    let servers = [
+        ("bare-w", "10.23.9.10"),
+        ("r0-h1", "10.23.0.11"),
+        ("r1-h1", "10.23.1.11"),
+    ];
+    let mut want = String::from("# from the ConfigMap");
+    for p in port + 1..=port + 3 {
+        want.push_str(&format!("\nlisten port-{p}\n  bind *:{p}"));
+        for (name, ip) in servers {
+            want.push_str(&format!("\n  server {name} {ip}:{p}"));
+        }
+    }
+    want.push('\n');
+    assert_eq!(haproxy_config(&env, "loadbalancer-worker-tenant").await, want);
+    let cp = haproxy_config(&env, "loadbalancer-controlplane-tenant").await;
+    assert!(
+        cp.contains("option httpchk GET /readyz"),
+        "no template: nodewarden's own\n{cp}"
+    );
+
+    // The jump host's pod, ConfigMap and Secret as upstream lays them out.
+    let jump = Api::<Deployment>::namespaced(env.client.clone(), &env.namespace)
+        .get("jumphost-tenant")
+        .await
+        .expect("the jump host");
+    let pod = jump.spec.and_then(|s| s.template.spec).expect("a pod");
+    assert_eq!(
+        mounts(&pod),
+        [
+            "jumphost: /etc/opt/sip/hosts <- data[hosts]",
+            "jumphost: /opt/sip/bin <- scripts",
+            "jumphost: /home/ubuntu/.ssh/config <- data[ssh_config]",
+            "jumphost: /etc/opt/sip/ssh-private-keys <- ssh-private-keys",
+            "jumphost: /home/ubuntu/.ssh/authorized_keys <- authorized-keys[authorized_keys]",
+        ]
+    );
+    let volumes: Vec<String> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| {
+            let from = match (&v.secret, &v.config_map) {
+                (Some(s), _) => format!("Secret {}", s.secret_name.clone().unwrap_or_default()),
+                (_, Some(c)) => format!("ConfigMap {}", c.name),
+                _ => "other".into(),
+            };
+            format!("{} <- {from}", v.name)
+        })
+        .collect();
+    assert_eq!(
+        volumes,
+        [
+            "data <- Secret jumphost-tenant",
+            "authorized-keys <- ConfigMap jumphost-tenant",
+            "scripts <- ConfigMap jumphost-tenant",
+            "ssh-private-keys <- Secret ssh-keys",
+        ]
+    );
+    let init = &pod.init_containers.as_ref().expect("init containers")[0];
+    assert_eq!(
+        (init.name.as_str(), init.args.clone()),
+        (
+            "ssh-perms",
+            Some(vec!["mkdir -m700 /home/ubuntu/.ssh".to_string()])
+        )
+    );
+    assert_eq!(pod.security_context.and_then(|s| s.fs_group), Some(1000));
+    let c = &pod.containers[0];
+    assert!(
+        c.liveness_probe
+            .as_ref()
+            .and_then(|p| p.tcp_socket.as_ref())
+            .is_some()
+    );
+    assert!(
+        c.readiness_probe
+            .as_ref()
+            .and_then(|p| p.tcp_socket.as_ref())
+            .is_some()
+    );
+    let files = Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
+        .get("jumphost-tenant")
+        .await
+        .expect("the jump host's ConfigMap")
+        .data
+        .unwrap_or_default();
+    assert_eq!(
+        files.get("authorized-keys").map(String::as_str),
+        Some("ssh-rsa AAAAB3Nza test")
+    );
+    assert!(
+        files.get("host").is_some_and(|s| s.contains("reboot")),
+        "{files:?}"
+    );
+    let secret = Api::<Secret>::namespaced(env.client.clone(), &env.namespace)
+        .get("jumphost-tenant")
+        .await
+        .expect("the jump host's secret")
+        .data
+        .unwrap_or_default();
+    let hosts: Value = serde_json::from_slice(&secret["hosts"].0).expect("hosts json");
+    let bmc = hosts[0]["bmc"]["ip"].as_str().unwrap_or_default().to_string();
+    assert!(
+        bmc.starts_with("10.23.0.") && bmc.ends_with(":8000"),
+        "the BMC keeps its port: {hosts}"
+    );
+
+    // A template nodewarden cannot render: named, the running configuration kept.
+    let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let broken = "{{ range .Servers }}{{ .Name | printf \"%s\" }}{{ end }}";
+    configmaps
+        .patch(
+            "loadbalancerworker",
+            &PatchParams::default(),
+            &Patch::Merge(&cm(broken)),
+        )
+        .await
+        .expect("changing the template");
+    nudge(&env, "tenant", "1").await;
+    let message = wait_ready(&env, "tenant", "False", "TemplateNotRendered").await;
+    let named = format!("ConfigMap {}/loadbalancerworker", env.namespace);
+    assert!(
+        message.contains(&named) && message.contains("the pipe"),
+        "{message}"
+    );
+    wait_for_event(&env, "TemplateNotRendered", &named).await;
+    assert_eq!(
+        haproxy_config(&env, "loadbalancer-worker-tenant").await,
+        want,
+        "kept"
+    );
+    configmaps
+        .delete("loadbalancerworker", &DeleteParams::default())
+        .await
+        .expect("deleting the template");
+    nudge(&env, "tenant", "2").await;
+    wait_ready(&env, "tenant", "True", "ReconciliationSucceeded").await;
+    let own = haproxy_config(&env, "loadbalancer-worker-tenant").await;
+    assert!(own.contains("option tcp-check"), "nodewarden's own again:\n{own}");
+    delete_sip_and_wait(&env, "tenant").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// A service object another controller owns is not fought over: Ready
+/// says which object and what blocks, nothing is written to it, the other
+/// services run, and once it is gone the service is made.
+#[tokio::test]
+async fn an_object_another_controller_owns_is_named_not_fought_over() {
+    let env = sip_env("sip-blocked", 2, 2).await;
+    create_dynamic(
+        &env,
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "someone"}}),
+    )
+    .await;
+    let owner = uid_of::<ConfigMap>(&env, "someone")
+        .await
+        .expect("the owner's uid");
+    let labels = upstream_labels("jumphost-held", "jumphost", "jumphost");
+    create_dynamic(
+        &env,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "jumphost-held", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "someone", "uid": owner, "controller": true}]},
+            "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "x", "image": "x"}]}}}}),
+    )
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    let operator = env.start_operator(Default::default()).await;
+    create_sip(&env, "held", spec(&env, (1, 0), (1, 0), 30520))
+        .await
+        .expect("creating the SIPCluster");
+    let message = wait_ready(&env, "held", "False", "AdoptionBlocked").await;
+    let named = format!(
+        "Deployment {}/jumphost-held is controlled by ConfigMap someone",
+        env.namespace
+    );
+    assert!(message.contains(&named), "{message}");
+    wait_for_event(&env, "AdoptionBlocked", &named).await;
+    // Nothing written to it (the Deployment controller writes its status).
+    let untouched = deployments.get("jumphost-held").await.expect("it");
+    let managers: Vec<String> = untouched
+        .managed_fields()
+        .iter()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !managers.iter().any(|m| m.starts_with("nodewarden")),
+        "{managers:?}"
+    );
+    assert_eq!(untouched.owner_references().len(), 1);
+    let lb = deployments
+        .get("loadbalancer-controlplane-held")
+        .await
+        .expect("the other services run");
+    assert_eq!(
+        lb.owner_references().first().map(|o| o.name.as_str()),
+        Some("held")
+    );
+    deployments
+        .delete("jumphost-held", &DeleteParams::default())
+        .await
+        .expect("removing it");
+    wait_ready(&env, "held", "True", "ReconciliationSucceeded").await;
+    let made = deployments.get("jumphost-held").await.expect("made now");
+    assert_eq!(
+        made.owner_references().first().map(|o| o.name.as_str()),
+        Some("held")
+    );
+    delete_sip_and_wait(&env, "held").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// Services an earlier nodewarden made (selector `app.kubernetes.io/name:
+/// <instance>`) keep their selector: same objects, the pods and Service
+/// following it.
+#[tokio::test]
+async fn services_an_earlier_nodewarden_made_keep_their_selector() {
+    let env = sip_env("sip-older", 2, 2).await;
+    let older = json!({"app.kubernetes.io/name": "jumphost-older"});
+    create_dynamic(
+        &env,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "jumphost-older"},
+            "spec": {"selector": {"matchLabels": older}, "template": {"metadata": {"labels": older},
+                "spec": {"containers": [{"name": "jumphost", "image": "x"}]}}}}),
+    )
+    .await;
+    create_dynamic(
+        &env,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "jumphost-older"},
+            "spec": {"type": "NodePort", "selector": older, "ports": [{"name": "ssh", "port": 22, "nodePort": 30534}]}}),
+    )
+    .await;
+    let before = (
+        uid_of::<Deployment>(&env, "jumphost-older").await,
+        uid_of::<Service>(&env, "jumphost-older").await,
+    );
+    let operator = env.start_operator(Default::default()).await;
+    create_sip(&env, "older", spec(&env, (1, 0), (1, 0), 30530))
+        .await
+        .expect("creating the SIPCluster");
+    wait_ready(&env, "older", "True", "ReconciliationSucceeded").await;
+    let after = (
+        uid_of::<Deployment>(&env, "jumphost-older").await,
+        uid_of::<Service>(&env, "jumphost-older").await,
+    );
+    assert_eq!(after, before, "the same objects");
+    let want: std::collections::BTreeMap<String, String> = serde_json::from_value(older).expect("labels");
+    let d = Api::<Deployment>::namespaced(env.client.clone(), &env.namespace)
+        .get("jumphost-older")
+        .await
+        .expect("the deployment");
+    let spec = d.spec.expect("spec");
+    assert_eq!(spec.selector.match_labels.as_ref(), Some(&want));
+    let pod_labels = spec.template.metadata.and_then(|m| m.labels).unwrap_or_default();
+    assert_eq!(
+        pod_labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some("jumphost-older")
+    );
+    assert_eq!(
+        pod_labels.get("app.kubernetes.io/part-of").map(String::as_str),
+        Some("sip")
+    );
+    let svc = Api::<Service>::namespaced(env.client.clone(), &env.namespace)
+        .get("jumphost-older")
+        .await
+        .expect("the service");
+    assert_eq!(svc.spec.and_then(|s| s.selector), Some(want));
+    delete_sip_and_wait(&env, "older").await;
     operator.stop().await;
     env.cleanup().await;
 }

@@ -2,7 +2,8 @@
 //! random pools of BareMetalHosts (racks or none, some failed, some already
 //! claimed by a role as active or standby) and random wants, checked for:
 //!
-//! - one host per topology value within a role, no host in two roles, no
+//! - one host per topology value within a role (hosts without the label
+//!   are unconstrained, as upstream SIP has it), no host in two roles, no
 //!   failed host kept, never more actives or standbys than wanted, and a
 //!   shortfall reported exactly when the role is not filled;
 //! - a role short of hosts left no usable free host unclaimed;
@@ -224,8 +225,7 @@ proptest! {
                 let h = by_name[name.as_str()];
                 prop_assert!(!h.failed, "failed {name} kept");
                 prop_assert!(everywhere.insert(name.clone()), "{name} in two roles");
-                if w.topology_key.is_some() {
-                    prop_assert!(h.rack.is_some(), "{name} without a rack kept under spread");
+                if w.topology_key.is_some() && h.rack.is_some() {
                     prop_assert!(racks.insert(h.rack.clone()), "two hosts of {} on {:?}", &w.role, &h.rack);
                 }
             }
@@ -234,7 +234,7 @@ proptest! {
                 let claimed: BTreeSet<&String> = plan.roles.iter().flat_map(|p| p.claim.iter().map(|(n, _)| n)).collect();
                 for c in v.free.iter().filter(|c| !claimed.contains(&c.name)) {
                     let fits = match &w.topology_key {
-                        Some(_) => c.topology.is_some() && !racks.contains(&c.topology),
+                        Some(_) => c.topology.is_none() || !racks.contains(&c.topology),
                         None => true,
                     };
                     prop_assert!(!fits, "{} short, yet free {} fits", &w.role, &c.name);
@@ -243,7 +243,10 @@ proptest! {
             // Only as many working hosts let go as exceed the wants.
             let usable: Vec<&Member> = v.members.iter().filter(|m| m.unusable.is_none()).collect();
             let eligible = match &w.topology_key {
-                Some(_) => usable.iter().filter_map(|m| m.topology.as_ref()).collect::<BTreeSet<_>>().len(),
+                Some(_) => {
+                    usable.iter().filter_map(|m| m.topology.as_ref()).collect::<BTreeSet<_>>().len()
+                        + usable.iter().filter(|m| m.topology.is_none()).count()
+                }
                 None => usable.len(),
             };
             let let_go = p.release.iter().filter(|(_, why)| why == SURPLUS).count();

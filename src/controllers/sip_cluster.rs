@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
@@ -33,7 +33,8 @@ use crate::runtime::manager::{Manager, always};
 use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::sip::hosts;
 use crate::sip::schedule::{self, Candidate, ClusterPlan, HostState, Member, RoleView, RoleWants};
-use crate::sip::services::{self, Backend, BmcHost, Owner, ServiceObjects};
+use crate::sip::services::{self, Backend, BmcHost, Existing, Owner, ServiceObjects};
+use crate::sip::template::{Template, TemplateError};
 use crate::telemetry::metrics::{Metrics, SipRoleLabels};
 use crate::telemetry::trace::{self, SpanRecord, TraceParent};
 
@@ -164,8 +165,10 @@ impl Reconciler for SipReconciler {
         let started = SystemTime::now();
         let plan = {
             let _one_at_a_time = self.ctx.claiming.lock().await;
-            let initial = |s: &SIPCluster| s.status.as_ref().is_none_or(|s| s.hosts.is_empty());
             let view = self.gather(&sip);
+            let from_upstream = self.holds_hosts_from_upstream(key);
+            let initial =
+                |s: &SIPCluster| !from_upstream && s.status.as_ref().is_none_or(|s| s.hosts.is_empty());
             let mut plan = schedule::plan_cluster(&view, initial(&sip));
             if plan.held_back && plan.roles.iter().any(|p| !p.release.is_empty()) {
                 // Giving hosts back is only right for a cluster that never had
@@ -226,6 +229,17 @@ struct HostDetails {
 }
 
 impl SipReconciler {
+    /// Whether the cluster holds hosts upstream SIP claimed (they carry no
+    /// state label): such a cluster had its hosts, whatever its status
+    /// lists, and keeps them.
+    fn holds_hosts_from_upstream(&self, key: &Key<SIPCluster>) -> bool {
+        self.ctx
+            .hosts
+            .list()
+            .iter()
+            .any(|h| claimed_by(h).as_ref() == Some(key) && h.labels().get(labels::STATE).is_none())
+    }
+
     /// Each role's wants, hosts and free candidates, from the cache.
     fn gather(&self, sip: &SIPCluster) -> Vec<RoleView> {
         let ns = sip.namespace().unwrap_or_default();
@@ -479,19 +493,23 @@ impl SipReconciler {
         }
     }
 
-    /// Applies every service's objects and deletes those of services no
-    /// longer asked for. Returns the endpoints, or what failed (naming the field).
+    /// Applies every service's objects, taking over those already there
+    /// (upstream SIP's), and deletes those of services no longer asked
+    /// for. Returns the endpoints, or Ready's reason and what failed
+    /// (naming the field or object).
     async fn apply_services(
         &self,
         sip: &SIPCluster,
         members: &[(String, String, HostState)],
         details: &BTreeMap<String, HostDetails>,
-    ) -> std::result::Result<Vec<ServiceEndpoint>, String> {
+    ) -> std::result::Result<Vec<ServiceEndpoint>, Failures> {
         let ns = sip.namespace().unwrap_or_default();
         let owner = Owner {
             name: sip.name_any(),
             namespace: ns.clone(),
-            reference: sip.controller_owner_ref(&()).ok_or("the SIPCluster has no uid")?,
+            reference: sip
+                .controller_owner_ref(&())
+                .ok_or_else(|| vec![(INFRA_FAILURE, "the SIPCluster has no uid".to_string())])?,
         };
         let mut keys = Vec::new();
         for (i, jh) in sip.spec.services.jump_host.iter().enumerate() {
@@ -500,51 +518,113 @@ impl SipReconciler {
                 Err(e) => Err(format!("spec.services.jumpHost[{i}].nodeSSHPrivateKeys: {e}")),
             });
         }
-        let (wanted, mut failures) = build_services(sip, &owner, members, details, &keys);
+        let templates = Templates {
+            control_plane: self.template(&ns, services::CONTROL_PLANE_TEMPLATE).await,
+            worker: self.template(&ns, services::WORKER_TEMPLATE).await,
+        };
+        let Built {
+            wanted,
+            mut failures,
+            kept,
+        } = build_services(sip, &owner, members, details, &keys, &templates);
+        for (_, why) in failures.iter().filter(|(r, _)| *r == TEMPLATE_NOT_RENDERED) {
+            self.event(sip, EventType::Warning, TEMPLATE_NOT_RENDERED, why.clone());
+        }
         let mut endpoints = Vec::new();
-        for (kind, objects) in &wanted {
-            if let Err(e) = self.apply_objects(&ns, objects).await {
-                failures.push(format!("{kind} {}: {e}", objects.deployment.name_any()));
-                continue;
+        let uid = owner.reference.uid.clone();
+        for (kind, objects) in wanted {
+            let name = objects.deployment.name_any();
+            match self.apply_objects(&ns, objects.clone(), &uid).await {
+                Ok(Applied::Done(taken)) => {
+                    if !taken.is_empty() {
+                        self.event(
+                            sip,
+                            EventType::Normal,
+                            "Adopted",
+                            format!("{kind} {name}: took over {} as they are", taken.join(", ")),
+                        );
+                    }
+                }
+                Ok(Applied::Blocked(why)) => {
+                    self.event(sip, EventType::Warning, "AdoptionBlocked", why.clone());
+                    failures.push((ADOPTION_BLOCKED, format!("{kind} {name}: {why}")));
+                    continue;
+                }
+                Err(e) => {
+                    failures.push((INFRA_FAILURE, format!("{kind} {name}: {e}")));
+                    continue;
+                }
             }
             endpoints.push(ServiceEndpoint {
                 kind: kind.to_string(),
-                name: objects.deployment.name_any(),
+                name,
                 node_ports: objects.node_ports.clone(),
                 backends: objects.backends.clone(),
             });
         }
-        // A jump host whose key Secret is missing keeps what it had.
-        let mut keep: BTreeSet<String> = wanted.iter().map(|(_, o)| o.deployment.name_any()).collect();
-        for (i, k) in keys.iter().enumerate() {
-            if k.is_err() {
-                keep.insert(services::instance_name("jumphost", &owner, i));
-            }
-        }
-        if let Err(e) = self.delete_unwanted(sip, &keep).await {
-            failures.push(format!("removing services no longer asked for: {e}"));
+        if let Err(e) = self.delete_unwanted(sip, &kept).await {
+            failures.push((
+                INFRA_FAILURE,
+                format!("removing services no longer asked for: {e}"),
+            ));
         }
         match failures.is_empty() {
             true => Ok(endpoints),
-            false => Err(failures.join("; ")),
+            false => Err(failures),
         }
     }
 
-    async fn apply_objects(&self, ns: &str, o: &ServiceObjects) -> Result<()> {
+    /// A load balancer's template from upstream's ConfigMap (None: there is
+    /// none, nodewarden's configuration serves), or why it cannot be used.
+    async fn template(
+        &self,
+        ns: &str,
+        (name, key): (&str, &str),
+    ) -> Option<std::result::Result<Template, String>> {
+        let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), ns);
+        let found = api.get_opt(name).await;
+        parse_template(ns, name, key, found.map_err(|e| e.to_string()))
+    }
+
+    /// Applies a service's objects over what is there, keeping what the API
+    /// server holds immutable (`services::adopt`); what blocks that is
+    /// returned, and nothing is written.
+    async fn apply_objects(&self, ns: &str, mut o: ServiceObjects, uid: &str) -> Result<Applied> {
+        let client = &self.ctx.client;
+        let name = o.deployment.name_any();
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+        let svc: Api<Service> = Api::namespaced(client.clone(), ns);
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let existing = Existing {
+            deployment: deployments.get_opt(&name).await?,
+            service: svc.get_opt(&name).await?,
+            secret: secrets.get_opt(&name).await?,
+            config_map: match &o.config_map {
+                Some(_) => config_maps.get_opt(&name).await?,
+                None => None,
+            },
+        };
+        let taken = match services::adopt(&mut o, &existing, uid) {
+            Ok(taken) => taken,
+            Err(why) => return Ok(Applied::Blocked(why)),
+        };
         self.ctx.leader.ensure_leader()?;
         let params = PatchParams::apply(MANAGER).force();
-        let secrets: Api<Secret> = Api::namespaced(self.ctx.client.clone(), ns);
         secrets
             .patch(&o.secret.name_any(), &params, &Patch::Apply(&o.secret))
             .await?;
-        let deployments: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), ns);
+        if let Some(cm) = &o.config_map {
+            config_maps
+                .patch(&cm.name_any(), &params, &Patch::Apply(cm))
+                .await?;
+        }
         deployments
             .patch(&o.deployment.name_any(), &params, &Patch::Apply(&o.deployment))
             .await?;
-        let svc: Api<Service> = Api::namespaced(self.ctx.client.clone(), ns);
         svc.patch(&o.service.name_any(), &params, &Patch::Apply(&o.service))
             .await?;
-        Ok(())
+        Ok(Applied::Done(taken))
     }
 
     /// Deletes this cluster's service objects that are not in `keep`.
@@ -569,6 +649,8 @@ impl SipReconciler {
         self.delete_listed(&Api::<Service>::namespaced(client.clone(), &ns), &lp, &owned)
             .await?;
         self.delete_listed(&Api::<Secret>::namespaced(client.clone(), &ns), &lp, &owned)
+            .await?;
+        self.delete_listed(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &lp, &owned)
             .await?;
         Ok(())
     }
@@ -730,17 +812,107 @@ impl SipReconciler {
     }
 }
 
+/// Ready's reason when a service could not be applied.
+const INFRA_FAILURE: &str = "InfraServiceFailure";
+/// Ready's reason when an object already there cannot be taken over.
+const ADOPTION_BLOCKED: &str = "AdoptionBlocked";
+/// Ready's reason when a load balancer's template cannot be rendered.
+const TEMPLATE_NOT_RENDERED: &str = "TemplateNotRendered";
+
+/// What failed with the services: (Ready's reason, what, naming it).
+type Failures = Vec<(&'static str, String)>;
+
+/// How applying a service's objects went.
+enum Applied {
+    /// Written; the objects taken over from someone else (upstream SIP).
+    Done(Vec<String>),
+    /// Not written: what already there cannot be taken over, and why.
+    Blocked(String),
+}
+
+/// The load balancers' templates (None: nodewarden's configuration).
+struct Templates {
+    control_plane: Option<std::result::Result<Template, String>>,
+    worker: Option<std::result::Result<Template, String>>,
+}
+
+/// A template from a ConfigMap as read (None: not there), or why it cannot
+/// be used, naming the ConfigMap. There is no fallback to nodewarden's own
+/// configuration once a ConfigMap is there: the user asked for theirs.
+fn parse_template(
+    ns: &str,
+    name: &str,
+    key: &str,
+    found: std::result::Result<Option<ConfigMap>, String>,
+) -> Option<std::result::Result<Template, String>> {
+    let cm = match found {
+        Ok(None) => return None,
+        Ok(Some(cm)) => cm,
+        Err(e) => return Some(Err(format!("ConfigMap {ns}/{name}: {e}"))),
+    };
+    let Some(source) = cm.data.as_ref().and_then(|d| d.get(key)) else {
+        return Some(Err(format!("ConfigMap {ns}/{name} has no key {key}")));
+    };
+    Some(Template::parse(source).map_err(|e| format!("ConfigMap {ns}/{name} key {key}: {e}")))
+}
+
+/// The services to apply, what failed, and the names whose objects stay
+/// (those applied, and those of a service that failed here, which keeps
+/// what it had).
+struct Built {
+    wanted: Vec<(&'static str, ServiceObjects)>,
+    failures: Failures,
+    kept: BTreeSet<String>,
+}
+
+impl Built {
+    /// A load balancer's objects, or it is left out (keeping what it had)
+    /// and why is told.
+    fn load_balancer(
+        &mut self,
+        kind: &'static str,
+        name: String,
+        objects: std::result::Result<ServiceObjects, String>,
+    ) {
+        match objects {
+            Ok(o) => self.wanted.push((kind, o)),
+            Err(e) => self
+                .failures
+                .push((TEMPLATE_NOT_RENDERED, format!("{kind} {name}: {e}"))),
+        }
+        self.kept.insert(name);
+    }
+}
+
+/// A load balancer built with its template, if any; what fails names the
+/// ConfigMap and key.
+fn with_template(
+    ns: &str,
+    template: &Option<std::result::Result<Template, String>>,
+    (cm, key): (&str, &str),
+    build: impl FnOnce(Option<&Template>) -> std::result::Result<ServiceObjects, TemplateError>,
+) -> std::result::Result<ServiceObjects, String> {
+    match template {
+        None => build(None).map_err(|e| e.to_string()),
+        Some(Ok(t)) => build(Some(t)).map_err(|e| format!("ConfigMap {ns}/{cm} key {key}: {e}")),
+        Some(Err(e)) => Err(e.clone()),
+    }
+}
+
 /// Every service's objects (pure): the load balancers' backends are the
 /// role's active hosts, the jump host lists every host with its BMC.
 /// `keys`: per jump host, the names in its key Secret or why there are none
-/// (that jump host is left out and the reason returned).
+/// (that jump host is left out and the reason returned); `templates`: the
+/// load balancers' templates, if any (one that fails leaves its load
+/// balancer out, and says why).
 fn build_services(
     sip: &SIPCluster,
     owner: &Owner,
     members: &[(String, String, HostState)],
     details: &BTreeMap<String, HostDetails>,
     keys: &[std::result::Result<Vec<String>, String>],
-) -> (Vec<(&'static str, ServiceObjects)>, Vec<String>) {
+    templates: &Templates,
+) -> Built {
     let address = |id: &str, interface: &Option<String>| {
         interface
             .as_ref()
@@ -757,27 +929,36 @@ fn build_services(
             .collect()
     };
     let s = &sip.spec.services;
-    let mut wanted: Vec<(&'static str, ServiceObjects)> = Vec::new();
+    let mut built = Built {
+        wanted: Vec::new(),
+        failures: Vec::new(),
+        kept: BTreeSet::new(),
+    };
+    let ns = &owner.namespace;
     for (i, lb) in s.load_balancer_control_plane.iter().enumerate() {
         let b = backends("ControlPlane", &lb.common.node_interface_id);
-        wanted.push((
-            "loadBalancerControlPlane",
-            services::load_balancer_control_plane(owner, i, lb, &b),
-        ));
+        let name = services::instance_name("loadbalancer-controlplane", owner, i);
+        let t = &templates.control_plane;
+        let objects = with_template(ns, t, services::CONTROL_PLANE_TEMPLATE, |t| {
+            services::load_balancer_control_plane(owner, i, lb, &b, t)
+        });
+        built.load_balancer("loadBalancerControlPlane", name, objects);
     }
     for (i, lb) in s.load_balancer_worker.iter().enumerate() {
         let b = backends("Worker", &lb.common.node_interface_id);
-        wanted.push((
-            "loadBalancerWorker",
-            services::load_balancer_worker(owner, i, lb, &b),
-        ));
+        let name = services::instance_name("loadbalancer-worker", owner, i);
+        let objects = with_template(ns, &templates.worker, services::WORKER_TEMPLATE, |t| {
+            services::load_balancer_worker(owner, i, lb, &b, t)
+        });
+        built.load_balancer("loadBalancerWorker", name, objects);
     }
-    let mut failures = Vec::new();
     for ((i, jh), keys) in s.jump_host.iter().enumerate().zip(keys) {
+        // A jump host whose key Secret is missing keeps what it had.
+        built.kept.insert(services::instance_name("jumphost", owner, i));
         let keys = match keys {
             Ok(k) => k,
             Err(e) => {
-                failures.push(e.clone());
+                built.failures.push((INFRA_FAILURE, e.clone()));
                 continue;
             }
         };
@@ -794,9 +975,11 @@ fn build_services(
                 })
             })
             .collect();
-        wanted.push(("jumpHost", services::jump_host(owner, i, jh, &hosts, keys)));
+        built
+            .wanted
+            .push(("jumpHost", services::jump_host(owner, i, jh, &hosts, keys)));
     }
-    (wanted, failures)
+    built
 }
 
 /// When a reconcile started, finished its label writes, finished.
@@ -855,7 +1038,7 @@ fn status_for(
     members: &[(String, String, HostState)],
     details: &BTreeMap<String, HostDetails>,
     topology: &BTreeMap<String, String>,
-    services: &std::result::Result<Vec<ServiceEndpoint>, String>,
+    services: &std::result::Result<Vec<ServiceEndpoint>, Failures>,
 ) -> SIPClusterStatus {
     let mut status = sip.status.clone().unwrap_or_default();
     let generation = sip.metadata.generation;
@@ -905,8 +1088,15 @@ fn status_for(
             ""
         };
         (false, "Unschedulable", format!("{}{held}", shortfalls.join("; ")))
-    } else if let Err(e) = services {
-        (false, "InfraServiceFailure", e.clone())
+    } else if let Err(failures) = services {
+        // The most telling reason: a takeover or template problem the
+        // user must resolve before a plain infrastructure failure.
+        let reason = [ADOPTION_BLOCKED, TEMPLATE_NOT_RENDERED]
+            .into_iter()
+            .find(|r| failures.iter().any(|(f, _)| f == r))
+            .unwrap_or(INFRA_FAILURE);
+        let words: Vec<&str> = failures.iter().map(|(_, m)| m.as_str()).collect();
+        (false, reason, words.join("; "))
     } else if !problems.is_empty() {
         let p: Vec<&str> = problems.iter().map(|s| s.as_str()).collect();
         (
@@ -1018,6 +1208,51 @@ mod tests {
             if let Err(e) = result {
                 assert_eq!(e.category(), crate::error::Category::Conflict, "{what}");
                 assert!(e.to_string().contains("metal/h"), "{what}: {e}");
+            }
+        }
+    }
+
+    /// (the ConfigMap as read, the template used or what is said).
+    #[test]
+    fn a_template_configmap_is_used_or_named_never_passed_over() {
+        let cm = |data: serde_json::Value| -> Option<ConfigMap> {
+            Some(
+                serde_json::from_value(json!({"metadata": {"name": "loadbalancerworker"}, "data": data}))
+                    .expect("a cm"),
+            )
+        };
+        let key = "loadBalancerWorker.cfg";
+        type Read = std::result::Result<Option<ConfigMap>, String>;
+        type Case<'a> = (&'a str, Read, Option<std::result::Result<(), &'a str>>);
+        let cases: [Case; 5] = [
+            ("none there: nodewarden's own", Ok(None), None),
+            ("a template", Ok(cm(json!({key: "bind *:{{ 1 }}"}))), Some(Ok(()))),
+            (
+                "without the key",
+                Ok(cm(json!({"other": "x"}))),
+                Some(Err(
+                    "ConfigMap sip/loadbalancerworker has no key loadBalancerWorker.cfg",
+                )),
+            ),
+            (
+                "an unsupported construct",
+                Ok(cm(json!({key: "x\n{{ len .Servers }}"}))),
+                Some(Err(
+                    "ConfigMap sip/loadbalancerworker key loadBalancerWorker.cfg: line 2: the function `len`",
+                )),
+            ),
+            (
+                "not readable",
+                Err("403 Forbidden".into()),
+                Some(Err("ConfigMap sip/loadbalancerworker: 403 Forbidden")),
+            ),
+        ];
+        for (what, found, want) in cases {
+            let got = parse_template("sip", "loadbalancerworker", key, found);
+            match (got, want) {
+                (None, None) | (Some(Ok(_)), Some(Ok(()))) => {}
+                (Some(Err(e)), Some(Err(w))) => assert!(e.starts_with(w), "{what}: {e}"),
+                (got, _) => panic!("{what}: {got:?}"),
             }
         }
     }

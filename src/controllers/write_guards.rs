@@ -447,9 +447,9 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         "apply_objects",
         "&Patch::Apply(",
         Harmless(
-            "the service objects, recomputed from the hosts' claim labels (the record) every pass, \
-             at most 30 s apart: a late apply of an older host set is overwritten by the next pass, \
-             and it claims no host",
+            "the service objects (Deployment, Service, Secret, ConfigMap), recomputed from the \
+             hosts' claim labels (the record) every pass, at most 30 s apart: a late apply of an \
+             older host set is overwritten by the next pass, and it claims no host",
         ),
     ),
     (
@@ -513,6 +513,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("sip/mod.rs", include_str!("../sip/mod.rs")),
     ("sip/schedule.rs", include_str!("../sip/schedule.rs")),
     ("sip/services.rs", include_str!("../sip/services.rs")),
+    ("sip/template.rs", include_str!("../sip/template.rs")),
     ("upgrade/channel.rs", include_str!("../upgrade/channel.rs")),
     ("upgrade/hash.rs", include_str!("../upgrade/hash.rs")),
     ("upgrade/job.rs", include_str!("../upgrade/job.rs")),

@@ -32,20 +32,19 @@ pub fn addresses(network_data: &[u8]) -> Result<BTreeMap<String, String>, String
         .collect())
 }
 
-/// The host part of a BMC address: `redfish+http://10.0.0.1:8000/redfish/v1/Systems/1`
-/// → `10.0.0.1`, `ipmi://[fd00::1]:623` → `fd00::1`, `10.0.0.1` → itself.
+/// A BMC's management address as the jump host's `host` tool uses it: the
+/// URL's host and port, as upstream SIP takes Go's `url.Host`
+/// (`redfish+http://10.0.0.1:8000/redfish/v1/Systems/1` → `10.0.0.1:8000`,
+/// `ipmi://[fd00::1]:623` → `[fd00::1]:623`); credentials in the URL are
+/// left out. An address without a scheme is taken whole (upstream yields
+/// nothing for it).
 pub fn management_address(bmc_address: &str) -> Option<String> {
     let rest = bmc_address
         .split_once("://")
         .map_or(bmc_address, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or_default();
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
     let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
-    let host = if let Some(v6) = authority.strip_prefix('[') {
-        v6.split(']').next().unwrap_or_default()
-    } else {
-        authority.split(':').next().unwrap_or_default()
-    };
-    (!host.is_empty()).then(|| host.to_string())
+    (!authority.is_empty()).then(|| authority.to_string())
 }
 
 #[cfg(test)]
@@ -73,10 +72,12 @@ mod tests {
         for (address, host) in [
             (
                 "redfish+http://10.23.25.1:8000/redfish/v1/Systems/air-ctrl-1",
-                Some("10.23.25.1"),
+                Some("10.23.25.1:8000"),
             ),
-            ("ipmi://192.168.111.1:6230", Some("192.168.111.1")),
-            ("ipmi://[fd00::1]:623", Some("fd00::1")),
+            ("redfish+http://10.0.0.1:8000", Some("10.0.0.1:8000")),
+            ("ipmi://192.168.111.1:6230", Some("192.168.111.1:6230")),
+            ("ipmi://[fd00::1]:623", Some("[fd00::1]:623")),
+            ("redfish://user:pw@10.0.0.2/redfish/v1", Some("10.0.0.2")),
             (
                 "idrac-virtualmedia://bmc.example.com/redfish/v1/Systems/1",
                 Some("bmc.example.com"),

@@ -4,7 +4,8 @@
 //! A role's hosts are the hosts labelled for it: the labels are the record,
 //! so a new leader sees exactly what the last one claimed. Spread: at most
 //! one of the role's hosts (active or standby) per value of its
-//! topologyKey.
+//! topologyKey; a host without that label is unconstrained, as upstream SIP
+//! has it: it can be claimed, and it is kept.
 
 use std::collections::BTreeSet;
 
@@ -142,7 +143,6 @@ fn keep_members(
     members: &[Member],
     plan: &mut RolePlan,
 ) -> (Kept, BTreeSet<String>, Vec<String>) {
-    let spread = wants.topology_key.is_some();
     let mut used = BTreeSet::new();
     let mut sorted: Vec<&Member> = members.iter().collect();
     sorted.sort_by(|a, b| (a.state, &a.name).cmp(&(b.state, &b.name)));
@@ -151,8 +151,7 @@ fn keep_members(
     for m in sorted {
         let why = match (&m.unusable, &m.topology) {
             (Some(why), _) => Some(why.clone()),
-            (None, None) if spread => Some("it has no topologyKey label".to_string()),
-            (None, Some(t)) if spread && used.contains(t) => {
+            (None, Some(t)) if wants.topology_key.is_some() && used.contains(t) => {
                 Some(format!("another host of the role shares its topology value {t}"))
             }
             _ => None,
@@ -249,11 +248,12 @@ fn claim_free(
         if need_active + need_standby == 0 {
             break;
         }
-        if wants.topology_key.is_some() {
-            let Some(t) = &c.topology else { continue };
-            if !used.insert(t.clone()) {
-                continue;
-            }
+        // A host without the label takes no topology value.
+        if wants.topology_key.is_some()
+            && let Some(t) = &c.topology
+            && !used.insert(t.clone())
+        {
+            continue;
         }
         let state = if need_active > 0 {
             need_active -= 1;
@@ -387,16 +387,78 @@ mod tests {
         );
     }
 
+    /// Hosts without the topology label are unconstrained, as upstream
+    /// SIP has it: (members, free, wants) → (claimed, kept, released).
     #[test]
-    fn hosts_without_the_topology_label_are_not_candidates() {
-        let pool = [Candidate {
-            name: "x".into(),
+    fn hosts_without_the_topology_label_are_unconstrained() {
+        let bare = |name: &str| Candidate {
+            name: name.into(),
             topology: None,
-        }];
-        assert!(plan_role(&wants(1, 0), &[], &pool).claim.is_empty());
-        let mut no_spread = wants(1, 0);
-        no_spread.topology_key = None;
-        assert_eq!(plan_role(&no_spread, &[], &pool).claim.len(), 1);
+        };
+        let held = |name: &str, state| Member {
+            name: name.into(),
+            state,
+            topology: None,
+            unusable: None,
+        };
+        type Case<'a> = (&'a str, Vec<Member>, Vec<Candidate>, RoleWants, [Vec<&'a str>; 3]);
+        let cases: [Case; 5] = [
+            (
+                "claimed",
+                vec![],
+                vec![bare("x")],
+                wants(1, 0),
+                [vec!["x"], vec!["x"], vec![]],
+            ),
+            (
+                "several claimed, beside one per rack",
+                vec![],
+                vec![bare("x"), bare("y"), free("a1", "r1"), free("a2", "r1")],
+                wants(3, 0),
+                [vec!["a1", "x", "y"], vec!["a1", "x", "y"], vec![]],
+            ),
+            (
+                "one held is kept",
+                vec![held("x", Active), member("a", Active, "r1")],
+                vec![],
+                wants(2, 0),
+                [vec![], vec!["a", "x"], vec![]],
+            ),
+            (
+                "two held beside a rack's host are kept",
+                vec![held("x", Active), held("y", Standby), member("a", Active, "r1")],
+                vec![],
+                wants(2, 1),
+                [vec![], vec!["a", "x", "y"], vec![]],
+            ),
+            (
+                "no spread",
+                vec![],
+                vec![bare("x")],
+                RoleWants {
+                    topology_key: None,
+                    ..wants(1, 0)
+                },
+                [vec!["x"], vec!["x"], vec![]],
+            ),
+        ];
+        for (what, members, pool, w, [claimed, kept, released]) in cases {
+            let p = plan_role(&w, &members, &pool);
+            let mut c: Vec<&str> = p.claim.iter().map(|(n, _)| n.as_str()).collect();
+            c.sort();
+            assert_eq!(c, claimed, "{what}");
+            assert_eq!(
+                p.result.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+                kept,
+                "{what}"
+            );
+            assert_eq!(
+                p.release.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+                released,
+                "{what}"
+            );
+            assert_eq!(p.shortfall, None, "{what}");
+        }
     }
 
     #[test]

@@ -271,3 +271,163 @@ pub async fn watch_claims(
         }
     }
 }
+
+/// Upstream SIP's labels on a service's objects (and its Deployment's selector).
+pub fn upstream_labels(instance: &str, component: &str, app: &str) -> Value {
+    json!({
+        "app.kubernetes.io/part-of": "sip",
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/name": app,
+        "app.kubernetes.io/instance": instance,
+    })
+}
+
+/// Labels a host for `sip` as upstream SIP does: cluster and role, no
+/// state label.
+pub async fn label_as_upstream(env: &TestEnv, sip: &str, host: &str, role: &str) {
+    let patch = json!({"metadata": {"labels": {
+        labels::CLUSTER_NAMESPACE: env.namespace, labels::CLUSTER_NAME: sip, labels::NODE_TYPE: role,
+    }}});
+    hosts_api(env)
+        .patch(host, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("labelling a host as upstream SIP");
+}
+
+/// Removes a label from a host.
+pub async fn drop_host_label(env: &TestEnv, host: &str, label: &str) {
+    let patch = json!({"metadata": {"labels": { label: null }}});
+    hosts_api(env)
+        .patch(host, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("removing a host label");
+}
+
+/// A service's Deployment, Service and Secret (and the jump host's
+/// ConfigMap) as upstream SIP creates them: its labels and selector, no
+/// owner, upstream's containers and volumes.
+pub async fn create_upstream_service(
+    env: &TestEnv,
+    instance: &str,
+    component: &str,
+    node_ports: &[(&str, i32, i32)],
+) {
+    let app = if component == "jumphost" {
+        "jumphost"
+    } else {
+        "haproxy"
+    };
+    let labels = upstream_labels(instance, component, app);
+    let ports: Vec<Value> = node_ports
+        .iter()
+        .map(|(n, p, _)| json!({"name": n, "containerPort": p}))
+        .collect();
+    // Upstream forces its load balancers onto control-plane nodes.
+    let (volume, mount, placement) = match component {
+        "jumphost" => (
+            json!({"name": "scripts", "configMap": {"name": instance, "defaultMode": 0o777}}),
+            json!({"name": "scripts", "mountPath": "/opt/sip/bin"}),
+            json!({}),
+        ),
+        _ => (
+            json!({"name": "haproxy-config", "secret": {"secretName": instance}}),
+            json!({"name": "haproxy-config", "mountPath": "/usr/local/etc/haproxy"}),
+            json!({"node-role.kubernetes.io/master": ""}),
+        ),
+    };
+    let objects = [
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": instance, "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels},
+                "spec": {"containers": [{"name": component, "image": "upstream", "ports": ports, "volumeMounts": [mount]}],
+                         "volumes": [volume], "nodeSelector": placement,
+                         "tolerations": [{"key": "node-role.kubernetes.io/master", "effect": "NoSchedule"}]}}}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": instance},
+            "spec": {"type": "NodePort", "selector": labels,
+                "ports": node_ports.iter().map(|(n, p, np)| json!({"name": n, "port": p, "nodePort": np})).collect::<Vec<_>>()}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": instance}, "type": "Opaque",
+            "stringData": {"upstream": "yes"}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": instance, "labels": labels},
+            "data": {"authorized-keys": "", "host": "#!/bin/sh\n"}}),
+    ];
+    let count = if component == "jumphost" { 4 } else { 3 };
+    for object in objects.into_iter().take(count) {
+        create_dynamic(env, object).await;
+    }
+}
+
+/// Creates any object in the test's namespace, as given.
+pub async fn create_dynamic(env: &TestEnv, object: Value) {
+    let o: DynamicObject = serde_json::from_value(object).expect("an object");
+    let gvk = o
+        .types
+        .as_ref()
+        .map(kube::core::GroupVersionKind::try_from)
+        .and_then(Result::ok)
+        .expect("a kind");
+    let resource = ApiResource::from_gvk(&gvk);
+    Api::<DynamicObject>::namespaced_with(env.client.clone(), &env.namespace, &resource)
+        .create(&PostParams::default(), &o)
+        .await
+        .unwrap_or_else(|e| panic!("creating {} {}: {e}", gvk.kind, o.name_any()));
+}
+
+/// The UID of an object of the test's namespace (None: not there).
+pub async fn uid_of<K>(env: &TestEnv, name: &str) -> Option<String>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(env.client.clone(), &env.namespace)
+        .get_opt(name)
+        .await
+        .expect("reading an object")
+        .and_then(|o| o.meta().uid.clone())
+}
+
+/// Watches the test's hosts and returns every sight of one of `held`
+/// without its cluster label (a release), until `stop`. `synced` fires once
+/// the watch has listed the hosts, so nothing after it goes unseen.
+pub async fn watch_releases(
+    client: Client,
+    ns: String,
+    held: Vec<String>,
+    synced: tokio::sync::oneshot::Sender<()>,
+    stop: tokio_util::sync::CancellationToken,
+) -> Vec<String> {
+    let api: Api<BareMetalHost> = Api::namespaced(client, &ns);
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+    let mut synced = Some(synced);
+    let mut released = Vec::new();
+    loop {
+        let host = tokio::select! {
+            _ = stop.cancelled() => return released,
+            e = events.next() => match e {
+                Some(Ok(watcher::Event::Apply(h) | watcher::Event::InitApply(h))) => h,
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if let Some(s) = synced.take() {
+                        let _ = s.send(());
+                    }
+                    continue;
+                }
+                Some(_) => continue,
+                None => return released,
+            },
+        };
+        if held.contains(&host.name_any()) && host.labels().get(labels::CLUSTER_NAME).is_none() {
+            released.push(host.name_any());
+        }
+    }
+}
+
+/// A test namespace with the CRDs, a kwok node for the services' pods, the
+/// jump host's key Secret and `racks` × `per_rack` hosts.
+pub async fn sip_env(name: &str, racks: usize, per_rack: usize) -> TestEnv {
+    let env = TestEnv::new(name).await;
+    super::install_crds(&env.client).await;
+    env.create_kwok_nodes(1, &[]).await;
+    put_ssh_keys(&env).await;
+    create_racks(&env, racks, per_rack).await;
+    env
+}
