@@ -207,7 +207,14 @@ async fn a_control_plane_rollout_removes_the_etcd_member_of_each_replaced_node()
     for t in &traces {
         let removal = t.spans.iter().find(|s| s.operation_name == "remove etcd member");
         let outcome = removal.and_then(|s| s.tag_str("nodewarden.etcd.outcome"));
-        assert_eq!(outcome, Some("removed"), "{:?}", t.operations());
+        // "removed already": etcd answered 404 to a removal of a member its
+        // list had just shown (a list from a member behind the change, or
+        // an earlier attempt's answer lost); the member list is checked above.
+        assert!(
+            matches!(outcome, Some("removed" | "removed already")),
+            "{outcome:?} {:?}",
+            t.operations()
+        );
     }
     stop.cancel();
     let _ = joining.await;

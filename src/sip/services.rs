@@ -531,13 +531,28 @@ pub fn adopt(
         ("Secret", existing.secret.as_ref().map(|o| &o.metadata)),
         ("ConfigMap", existing.config_map.as_ref().map(|o| &o.metadata)),
     ];
+    // The SIPCluster these objects are for, as their owner references name it.
+    let this = wanted
+        .deployment
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.uid == owner_uid)
+        .map(|r| (r.kind.clone(), r.name.clone()));
+    // Made for an earlier SIPCluster of this name, deleted since (its
+    // objects wait for the garbage collector): this one takes them over.
+    let earlier = |r: &OwnerReference| {
+        this.as_ref()
+            .is_some_and(|(kind, name)| &r.kind == kind && &r.name == name)
+    };
     let mut taken = Vec::new();
     for (kind, meta) in metas {
         let Some(meta) = meta else { continue };
         let refs = meta.owner_references.iter().flatten();
         if let Some(other) = refs
             .clone()
-            .find(|r| r.controller == Some(true) && r.uid != owner_uid)
+            .find(|r| r.controller == Some(true) && r.uid != owner_uid && !earlier(r))
         {
             return Err(format!(
                 "{} is controlled by {} {}; nodewarden takes over only objects no one else controls",
@@ -965,6 +980,7 @@ mod tests {
         let older = sel(json!({"app.kubernetes.io/name": "jumphost-tenant"}));
         let mine_ref = json!([{"apiVersion": "airship.airshipit.org/v1", "kind": "SIPCluster", "name": "tenant", "uid": "u", "controller": true}]);
         let other_ref = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "o", "controller": true}]);
+        let earlier_ref = json!([{"apiVersion": "airship.airshipit.org/v1", "kind": "SIPCluster", "name": "tenant", "uid": "gone", "controller": true}]);
         let with_refs = |refs: &serde_json::Value| {
             let mut d = upstream_deployment("jumphost-tenant", upstream.clone());
             d.metadata.owner_references = serde_json::from_value(refs.clone()).expect("refs");
@@ -1006,6 +1022,15 @@ mod tests {
                 },
                 jump_spec(),
                 Ok(vec![]),
+            ),
+            (
+                "made for an earlier SIPCluster of this name",
+                Existing {
+                    deployment: Some(with_refs(&earlier_ref)),
+                    ..Default::default()
+                },
+                jump_spec(),
+                Ok(vec!["Deployment ns/jumphost-tenant"]),
             ),
             (
                 "controlled by another",
