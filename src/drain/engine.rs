@@ -159,6 +159,7 @@ struct Drain {
 pub struct DrainEngine {
     client: Client,
     leader: LeaderHandle,
+    // Lock order: `drains`, then `budgets` or `prepared`; never the reverse.
     drains: Arc<Mutex<HashMap<String, Drain>>>,
     /// Watched from the first drain until this replica stops leading.
     budgets: Arc<Mutex<Option<Arc<BudgetWatch>>>>,
@@ -192,8 +193,11 @@ impl DrainEngine {
     /// starts on a list already under way. A watch no drain takes within
     /// [`PREPARED_FOR`] is stopped.
     pub fn prepare(&self, node: &str) {
+        // `drains` before `prepared`, as `ensure` takes them: the other
+        // order deadlocks a rollout's prepare against a drain's start.
+        let drains = lock(&self.drains);
         let mut prepared = self.prepared();
-        if prepared.contains_key(node) || lock(&self.drains).contains_key(node) {
+        if prepared.contains_key(node) || drains.contains_key(node) {
             return;
         }
         let watch = PodWatch::start(&self.client, node);
