@@ -8,6 +8,7 @@
 mod support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use nodewarden::cloud::aws::AwsProvider;
 use support::TestEnv;
@@ -58,12 +59,8 @@ async fn discovered_groups_are_replaced_through_auto_scaling_within_the_node_bud
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_and_terminates_side_by_side_keep_the_group_at_its_size() {
     use nodewarden::cloud::{CloudProvider, CreateNodeRequest};
-    let moto = Moto::start();
-    let sdk = moto.sdk().await;
-    let uid = format!("race-{}", std::process::id());
-    let group = format!("{uid}-workers");
     const SIZE: usize = 4;
-    create_group(&sdk, &uid, &group, "worker", SIZE as i32, "ami-00000001").await;
+    let (moto, sdk, uid, group) = moto_with_group("race", SIZE as i32).await;
     let ec2 = aws_sdk_ec2::Client::new(&sdk);
     let running = || async {
         instances(&ec2, &uid)
@@ -91,19 +88,138 @@ async fn creates_and_terminates_side_by_side_keep_the_group_at_its_size() {
         created.expect("the create");
         deleted.expect("the terminate");
     }
+    assert_eq!(
+        desired_capacity(&sdk, &group).await,
+        Some(SIZE as i32),
+        "the group's desired capacity"
+    );
+    let left = running().await;
+    assert_eq!(left.len(), SIZE, "running instances at the end: {left:?}");
+    drop(moto);
+}
+
+/// A capacity change AWS carries out after the caller gave up on it must
+/// not be overtaken by the next one: a create's "desired + 1" held past its
+/// timeout and landing after the terminate sent next would undo the
+/// terminate's decrement and start an instance nobody asked for (CI's
+/// tests/aws_ha.rs once, moto paused mid-rollout: a tenth node where nine
+/// were rolled). The terminate waits until the held change shows; both,
+/// retried as the work queue retries them, leave the group at its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capacity_change_without_an_answer_is_not_overtaken_by_the_next() {
+    use nodewarden::cloud::{CloudError, CloudProvider, CreateNodeRequest};
+    const SIZE: i32 = 3;
+    let (moto, sdk, uid, group) = moto_with_group("doubt", SIZE).await;
+    let proxy = HoldingProxy::start(&moto, "SetDesiredCapacity", Duration::from_secs(4)).await;
+    let mut config = moto.provider_config(&uid);
+    config.endpoint = Some(proxy.endpoint.clone());
+    config.call_timeout = Some(Duration::from_secs(1));
+    let provider = AwsProvider::new(config).await.expect("the aws provider");
     let asg = aws_sdk_autoscaling::Client::new(&sdk);
-    let desired = asg
+    let desired = || desired_capacity(&sdk, &group);
+    let in_service = || async {
+        asg.describe_auto_scaling_instances()
+            .send()
+            .await
+            .expect("the group's instances")
+            .auto_scaling_instances
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|i| i.auto_scaling_group_name() == Some(group.as_str()))
+            .filter(|i| i.lifecycle_state() == Some("InService"))
+            .map(|i| {
+                format!(
+                    "aws:///{}/{}",
+                    i.availability_zone().unwrap_or_default(),
+                    i.instance_id().unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let old = in_service().await;
+    assert_eq!(old.len(), SIZE as usize, "{old:?}");
+
+    let request = CreateNodeRequest::new(group.clone()).with_request_id("held".to_string());
+    let first = provider.create_node(&request).await;
+    assert!(
+        matches!(first, Err(CloudError::Timeout { .. })),
+        "the create's capacity change is held past its timeout: {first:?}"
+    );
+    assert_eq!(proxy.seen(), 1);
+    let next = provider.delete_node(&old[0]).await;
+    assert!(
+        matches!(next, Err(CloudError::ChangeInDoubt { .. })),
+        "the terminate waits for the change in doubt: {next:?}"
+    );
+    assert_eq!(desired().await, Some(SIZE), "nothing has landed yet");
+
+    // The work queue's retries: each call again until it succeeds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let created = loop {
+        match provider.create_node(&request).await {
+            Ok(created) => break created,
+            Err(e) if e.retryable() && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await
+            }
+            Err(e) => panic!("the create: {e}"),
+        }
+    };
+    loop {
+        match provider.delete_node(&old[0]).await {
+            Ok(()) => break,
+            Err(e) if e.retryable() && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await
+            }
+            Err(e) => panic!("the terminate: {e}"),
+        }
+    }
+    assert_eq!(
+        proxy.seen(),
+        1,
+        "the create's retry found its instance instead of asking again"
+    );
+    assert_eq!(desired().await, Some(SIZE), "the group's desired capacity");
+    let now = in_service().await;
+    assert_eq!(
+        now.len(),
+        SIZE as usize,
+        "instances in service at the end: {now:?}"
+    );
+    assert!(
+        now.contains(&created.provider_id),
+        "{now:?} holds the created {}",
+        created.provider_id
+    );
+    assert!(
+        !now.contains(&old[0]),
+        "{now:?} without the terminated {}",
+        old[0]
+    );
+    drop(proxy);
+    drop(moto);
+}
+
+/// moto with one worker group of `size` on ami-00000001, of a cluster
+/// named by `prefix`: (moto, its SDK configuration, cluster uid, group).
+async fn moto_with_group(prefix: &str, size: i32) -> (Moto, aws_config::SdkConfig, String, String) {
+    let moto = Moto::start();
+    let sdk = moto.sdk().await;
+    let uid = format!("{prefix}-{}", std::process::id());
+    let group = format!("{uid}-workers");
+    create_group(&sdk, &uid, &group, "worker", size, "ami-00000001").await;
+    (moto, sdk, uid, group)
+}
+
+/// The group's desired capacity as moto has it.
+async fn desired_capacity(sdk: &aws_config::SdkConfig, group: &str) -> Option<i32> {
+    aws_sdk_autoscaling::Client::new(sdk)
         .describe_auto_scaling_groups()
-        .auto_scaling_group_names(&group)
+        .auto_scaling_group_names(group)
         .send()
         .await
         .expect("the group")
         .auto_scaling_groups
         .unwrap_or_default()
         .first()
-        .and_then(|g| g.desired_capacity);
-    assert_eq!(desired, Some(SIZE as i32), "the group's desired capacity");
-    let left = running().await;
-    assert_eq!(left.len(), SIZE, "running instances at the end: {left:?}");
-    drop(moto);
+        .and_then(|g| g.desired_capacity)
 }

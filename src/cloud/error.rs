@@ -64,6 +64,19 @@ pub enum CloudError {
     /// The provider is set up wrongly (endpoint, credentials, region).
     #[error("the cloud provider is misconfigured: {0}")]
     Config(String),
+    /// An earlier change of the same kind has had no answer and may still
+    /// be carried out: this one waits until it shows or cannot anymore.
+    #[error(
+        "{change} has had no answer for {waited:?} and may still be carried out; no other capacity change is sent before it shows or {limit:?} have passed"
+    )]
+    ChangeInDoubt {
+        /// The change in doubt, in words.
+        change: String,
+        /// How long ago it was sent.
+        waited: Duration,
+        /// How long it may still land.
+        limit: Duration,
+    },
     /// The provider cannot do this at all (e.g. a bare-metal pool has no image to set).
     #[error("the {provider} provider cannot {operation}")]
     Unsupported {
@@ -95,6 +108,8 @@ pub enum CloudErrorKind {
     InvalidResponse,
     /// [`CloudError::Config`]
     Config,
+    /// [`CloudError::ChangeInDoubt`]
+    ChangeInDoubt,
     /// [`CloudError::Unsupported`]
     Unsupported,
 }
@@ -113,6 +128,7 @@ impl CloudErrorKind {
             CloudErrorKind::InvalidProviderId => "invalid_provider_id",
             CloudErrorKind::InvalidResponse => "invalid_response",
             CloudErrorKind::Config => "config",
+            CloudErrorKind::ChangeInDoubt => "change_in_doubt",
             CloudErrorKind::Unsupported => "unsupported",
         }
     }
@@ -131,7 +147,8 @@ impl CloudError {
             CloudError::Throttled { .. }
             | CloudError::Server { .. }
             | CloudError::Transport(_)
-            | CloudError::Timeout { .. } => true,
+            | CloudError::Timeout { .. }
+            | CloudError::ChangeInDoubt { .. } => true,
             CloudError::NotFound { .. }
             | CloudError::Rejected { .. }
             | CloudError::InvalidProviderId { .. }
@@ -166,6 +183,7 @@ impl CloudError {
             CloudError::InvalidProviderId { .. } => CloudErrorKind::InvalidProviderId,
             CloudError::InvalidResponse(_) => CloudErrorKind::InvalidResponse,
             CloudError::Config(_) => CloudErrorKind::Config,
+            CloudError::ChangeInDoubt { .. } => CloudErrorKind::ChangeInDoubt,
             CloudError::Unsupported { .. } => CloudErrorKind::Unsupported,
         }
     }

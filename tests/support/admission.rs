@@ -106,6 +106,10 @@ pub async fn create_etcd_pod(env: &TestEnv, node: &str) {
         "metadata": {
             "name": format!("etcd-{node}"),
             "labels": {"component": "etcd", "tier": "control-plane", RUN_LABEL: env.id},
+            // A mirror pod, as the kubelet makes for a static pod: a drain
+            // leaves it (a maintenance of this node would otherwise take
+            // the member away before the next admission counts it).
+            "annotations": {"kubernetes.io/config.mirror": "etcd"},
         },
         "spec": {
             "nodeName": node,

@@ -94,6 +94,87 @@ impl Moto {
     }
 }
 
+/// A proxy in front of moto that holds the first request naming `action`
+/// for `hold` before passing it on, even when its caller has given up: a
+/// request AWS carries out after the client's timeout. Everything else
+/// passes at once.
+pub struct HoldingProxy {
+    pub endpoint: String,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl HoldingProxy {
+    pub async fn start(moto: &Moto, action: &str, hold: Duration) -> HoldingProxy {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding a proxy port");
+        let port = listener.local_addr().expect("a bound address").port();
+        let target = moto.endpoint.trim_start_matches("http://").to_string();
+        let marker = format!("Action={action}&").into_bytes();
+        let held = Arc::new(AtomicUsize::new(0));
+        let counted = held.clone();
+        let accept_task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (target, marker, held) = (target.clone(), marker.clone(), counted.clone());
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let (mut from_client, mut to_client) = inbound.into_split();
+                    let (mut from_moto, mut to_moto) = outbound.into_split();
+                    let up = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = from_client.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                            let chunk = &buf[..n];
+                            if chunk.windows(marker.len()).any(|w| w == marker.as_slice())
+                                && held.fetch_add(1, Ordering::SeqCst) == 0
+                            {
+                                tokio::time::sleep(hold).await;
+                            }
+                            if to_moto.write_all(chunk).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    let down = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = from_moto.read(&mut buf).await {
+                            // The caller may be gone: the answer is dropped.
+                            if n == 0 || to_client.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        HoldingProxy {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            held,
+            accept_task,
+        }
+    }
+
+    /// How many requests named the action.
+    pub fn seen(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for HoldingProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
 impl Drop for Moto {
     fn drop(&mut self) {
         let _ = Command::new(script()).arg("stop").arg(self.dir.path()).output();

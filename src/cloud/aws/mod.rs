@@ -14,6 +14,7 @@
 //! Calls do not retry inside (the SDK's retries are off): the work queue's
 //! backoff is in charge and every retry shows in its metrics.
 
+mod doubt;
 mod errors;
 
 use std::collections::{BTreeSet, HashMap};
@@ -27,6 +28,7 @@ use super::{
     CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, GroupRole, InstanceState,
     ScalingGroup,
 };
+use doubt::{Change, InDoubt, Seen, Verdict};
 use errors::sdk_error;
 
 /// The cluster tag on the cluster's Auto Scaling groups (Constellation's).
@@ -71,7 +73,9 @@ pub struct AwsProvider {
     /// between the two was undone by the write, and the group started an
     /// instance nobody asked for (CI's tests/aws.rs, one run in several: an
     /// untracked tenth node on the new image where nine were rolled).
-    capacity: tokio::sync::Mutex<()>,
+    /// It holds the capacity changes whose answer never came: none is sent
+    /// while one of them may still land ([`doubt`]).
+    capacity: tokio::sync::Mutex<Vec<InDoubt>>,
     /// How long a create waits for its instance to show in the group.
     appear_timeout: Duration,
     /// The SDK's operation timeout (reported in timeout errors).
@@ -211,7 +215,8 @@ impl AwsProvider {
     async fn create(&self, request: &CreateNodeRequest) -> Result<CreatedNode, CloudError> {
         let lock = self.create_lock(&request.group_id);
         let _one_at_a_time = lock.lock().await;
-        let capacity = self.capacity.lock().await;
+        let mut capacity = self.capacity.lock().await;
+        self.settle(&mut capacity).await?;
         let group = self.group(&request.group_id).await?;
         let members: BTreeSet<String> = instance_ids(&group);
         let intent = request.request_id.as_ref().map(|id| intent_tag(id));
@@ -236,20 +241,85 @@ impl AwsProvider {
             self.set_group_tag(&request.group_id, tag, Some(&desired.to_string()))
                 .await?;
         }
-        self.asg
+        let sent = tokio::time::Instant::now();
+        let set = self
+            .asg
             .set_desired_capacity()
             .auto_scaling_group_name(&request.group_id)
             .desired_capacity(desired + 1)
             .honor_cooldown(false)
             .send()
             .await
-            .map_err(|e| self.failed(e, &format!("Auto Scaling group {}", request.group_id)))?;
+            .map_err(|e| self.failed(e, &format!("Auto Scaling group {}", request.group_id)));
+        if let Err(e) = set {
+            if doubt::outcome_unknown(&e) {
+                capacity.push(InDoubt {
+                    change: Change::Desired {
+                        group: request.group_id.clone(),
+                        before: desired,
+                    },
+                    sent,
+                });
+            }
+            return Err(e);
+        }
         drop(capacity);
         let id = self.wait_new_instance(&request.group_id, &members).await?;
         match &request.request_id {
             Some(request_id) => self.finish_create(&request.group_id, &id, request_id).await,
             None => self.created(&id).await,
         }
+    }
+
+    /// Clears the capacity changes in doubt that have landed or can no
+    /// longer land; fails while one may still land.
+    async fn settle(&self, doubts: &mut Vec<InDoubt>) -> Result<(), CloudError> {
+        while let Some(doubt) = doubts.first() {
+            let seen = match &doubt.change {
+                Change::Desired { group, .. } => {
+                    Seen::Desired(self.group(group).await?.desired_capacity.unwrap_or(0))
+                }
+                Change::Terminate { instance } => Seen::InService(self.in_service(instance).await?),
+            };
+            match doubt::judge(doubt, seen, tokio::time::Instant::now()) {
+                Verdict::Landed => {}
+                Verdict::Dropped => {
+                    tracing::warn!(change = %doubt.change, "a capacity change without an answer never showed: taken as dropped")
+                }
+                Verdict::Wait => {
+                    return Err(CloudError::ChangeInDoubt {
+                        change: doubt.change.to_string(),
+                        waited: doubt.sent.elapsed(),
+                        limit: doubt::DOUBT_LIMIT,
+                    });
+                }
+            }
+            doubts.remove(0);
+        }
+        Ok(())
+    }
+
+    /// The instance's membership of Auto Scaling groups (none or one).
+    async fn memberships(
+        &self,
+        id: &str,
+    ) -> Result<Vec<aws_sdk_autoscaling::types::AutoScalingInstanceDetails>, CloudError> {
+        let out = self
+            .asg
+            .describe_auto_scaling_instances()
+            .instance_ids(id)
+            .send()
+            .await
+            .map_err(|e| self.failed(e, &format!("instance {id}")))?;
+        Ok(out.auto_scaling_instances.unwrap_or_default())
+    }
+
+    /// Whether the instance is in a group and not leaving it.
+    async fn in_service(&self, id: &str) -> Result<bool, CloudError> {
+        Ok(self.memberships(id).await?.iter().any(|i| {
+            let state = i.lifecycle_state().unwrap_or_default();
+            !(state.starts_with("Terminat") || state.starts_with("Detach"))
+        }))
     }
 
     /// Tags the new instance with its request and forgets the intent.
@@ -590,7 +660,9 @@ impl CloudProvider for AwsProvider {
     fn delete_node<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, ()> {
         Box::pin(async move {
             let id = instance_id(provider_id)?;
-            let _capacity = self.capacity.lock().await;
+            let mut capacity = self.capacity.lock().await;
+            self.settle(&mut capacity).await?;
+            let sent = tokio::time::Instant::now();
             let result = self
                 .asg
                 .terminate_instance_in_auto_scaling_group()
@@ -603,7 +675,17 @@ impl CloudProvider for AwsProvider {
                 // Already gone (or never in a group): nothing left to delete.
                 Err(CloudError::NotFound { .. }) => Ok(()),
                 Err(CloudError::Rejected { message, .. }) if message.contains("not found") => Ok(()),
-                Err(e) => Err(e),
+                Err(e) => {
+                    if doubt::outcome_unknown(&e) {
+                        capacity.push(InDoubt {
+                            change: Change::Terminate {
+                                instance: id.to_string(),
+                            },
+                            sent,
+                        });
+                    }
+                    Err(e)
+                }
             }
         })
     }
@@ -642,15 +724,8 @@ impl CloudProvider for AwsProvider {
     fn node_group<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
         Box::pin(async move {
             let id = instance_id(provider_id)?;
-            let out = self
-                .asg
-                .describe_auto_scaling_instances()
-                .instance_ids(id)
-                .send()
-                .await
-                .map_err(|e| self.failed(e, &format!("instance {id}")))?;
-            out.auto_scaling_instances
-                .unwrap_or_default()
+            self.memberships(id)
+                .await?
                 .into_iter()
                 .find_map(|i| i.auto_scaling_group_name)
                 .ok_or_else(|| CloudError::NotFound {
