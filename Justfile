@@ -31,7 +31,7 @@ test: lint check-crds
     mkdir -p .run/test
     log=.run/test/cargo-test.log
     status=0
-    cargo test --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
+    cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$log" || status=$?
     if [ "$status" -ne 0 ]; then
       echo "== failed tests (whole output in $log) =="
       awk '/^ +Running /{binary=$2} / \.\.\. FAILED$/{print "  " binary ": " $2} /^error: [0-9]+ targets? failed/{summary=1} summary' "$log"
@@ -62,7 +62,7 @@ chaos seeds="1 2 3 4 5 6 7 8 9 10":
 lint:
     e2e/tools/shellcheck.sh --external-sources $(find e2e src -name '*.sh' | sort) .ci/run
     cargo fmt --all -- --check
-    cargo clippy --all-targets -- -D warnings
+    cargo clippy --workspace --all-targets -- -D warnings
 
 # Build nodewarden (debug).
 build:

@@ -16,8 +16,7 @@
 //! under `cargo test` (`just test`) it runs 3 at once for each operator, so
 //! the command cannot rot.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use nodewarden_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -11,8 +11,7 @@
 //! and 3 SIGKILL trials and prints the figures. Under `cargo test`
 //! (`just test`) it runs one SIGTERM trial, so the command cannot rot.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use nodewarden_testkit as support;
 
 use std::time::{Duration, Instant};
 

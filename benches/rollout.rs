@@ -25,8 +25,7 @@
 //! (`just test`) it rolls 6 nodes at maxSurge 1 and 3 with shorter delays,
 //! so the command cannot rot.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use nodewarden_testkit as support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

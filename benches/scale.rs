@@ -24,8 +24,7 @@
 //! it runs 500 nodes with 2 pods each, 15 s steady and 10 s of churn, so the
 //! command cannot rot.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use nodewarden_testkit as support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Node;
-use nodewarden::runtime::reflector::strip_node;
+use nodewarden::node::strip_node;
 use nodewarden::runtime::store::{ObjectKey, Store, Writer};
 use serde_json::json;
 

@@ -8,6 +8,18 @@ use std::time::Duration;
 
 pub use crate::runtime::error::{Categorized, Category, Retry};
 
+/// nodewarden's own error categories, beside the runtime's.
+pub mod category {
+    use super::Category;
+
+    /// A cloud provider call failed.
+    pub const CLOUD: Category = Category::App("CloudError");
+    /// A drained node runs pods again (bound after its drain): not deleted yet.
+    pub const DRAIN_INCOMPLETE: Category = Category::App("DrainIncomplete");
+    /// etcd refused or failed a request, or could not be reached.
+    pub const ETCD: Category = Category::App("EtcdError");
+}
+
 /// Errors of the nodewarden library.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -132,13 +144,13 @@ impl Error {
             Error::Kube(_) => Category::KubeApi,
             Error::NotFound { .. } => Category::NotFound,
             Error::InvalidObject { .. } => Category::InvalidObject,
-            Error::Cloud(_) => Category::Cloud,
+            Error::Cloud(_) => category::CLOUD,
             Error::Serialization(_) => Category::Serialization,
             Error::NotLeader => Category::NotLeader,
             Error::Timeout { .. } => Category::Timeout,
             Error::Changed { .. } => Category::Conflict,
-            Error::PodsLeft { .. } => Category::DrainIncomplete,
-            Error::Etcd(_) => Category::Etcd,
+            Error::PodsLeft { .. } => category::DRAIN_INCOMPLETE,
+            Error::Etcd(_) => category::ETCD,
         }
     }
 }

@@ -3,8 +3,9 @@
 //! Kubernetes version its operators asked for.
 //!
 //! Layout: `api` holds the custom resource types (no IO), `runtime` the
-//! hand-written watch/queue/leader machinery, `http` the health and metrics
-//! server, `telemetry` logging and metrics setup.
+//! hand-written watch/queue/leader machinery (the `nodewarden-runtime`
+//! crate, which cannot import anything of this one), `http` the health and
+//! metrics server, `telemetry` logging and metrics setup.
 
 pub mod admission;
 pub mod api;
@@ -15,8 +16,9 @@ pub mod drain;
 pub mod error;
 pub mod etcd;
 pub mod http;
+pub mod node;
 pub mod operator;
-pub mod runtime;
+pub use nodewarden_runtime as runtime;
 pub mod simcloud;
 pub mod sip;
 pub mod telemetry;

@@ -24,7 +24,7 @@
 //! `NODEWARDEN_SEED=<n>` picks a schedule (seed 1 when unset); `just chaos`
 //! runs many seeds.
 
-mod support;
+use nodewarden_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

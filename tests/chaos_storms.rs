@@ -30,7 +30,7 @@
 //! `NODEWARDEN_SEED=<n>` picks the schedule (seed 1 when unset); `just chaos`
 //! runs many seeds.
 
-mod support;
+use nodewarden_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

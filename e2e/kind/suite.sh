@@ -7,7 +7,7 @@
 #    and waits until they joined as Ready kwok Nodes;
 # 2. runs a workload Deployment with a PodDisruptionBudget on the workers;
 # 3. applies a NodeVersion and its ScalingGroups (as Constellation's installer
-#    and tests/rollout.rs do), waits until nodewarden reports them up to date;
+#    and tests/it/rollout.rs do), waits until nodewarden reports them up to date;
 # 4. changes the image and follows the rollout, force-deleting the leader pod
 #    once a first node has been replaced;
 # 5. checks: the rollout completed (Outdated=False, every node on the new

@@ -397,8 +397,7 @@ async fn maintenance_create(webhook: &Webhook, name: &str, node_name: &str) -> R
                 available: control_plane
                     .iter()
                     .filter(|n| {
-                        crate::controllers::node_is_ready(n)
-                            && !in_maintenance.contains(n.name_any().as_str())
+                        crate::node::node_is_ready(n) && !in_maintenance.contains(n.name_any().as_str())
                     })
                     .map(|n| n.name_any())
                     .collect(),

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::{
     CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup,
 };
-use crate::runtime::rate_limiter::lock;
+use crate::runtime::sync::lock;
 
 type Answer = oneshot::Sender<Result<InstanceState, CloudError>>;
 

@@ -191,7 +191,7 @@ impl CloudError {
     /// Every cloud failure is one category for Events and the error metric;
     /// the variant is in the message.
     pub fn category(&self) -> Category {
-        Category::Cloud
+        crate::error::category::CLOUD
     }
 }
 
@@ -241,7 +241,7 @@ mod tests {
             retryable
                 .iter()
                 .chain(&final_)
-                .all(|e| Categorized::category(e) == Category::Cloud)
+                .all(|e| Categorized::category(e) == crate::error::category::CLOUD)
         );
     }
 

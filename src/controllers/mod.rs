@@ -132,7 +132,7 @@ pub fn spawn_event(
 /// plans always, the rolling replacement when a cloud is configured (else
 /// NodeVersions are told that none is).
 pub fn register_all(manager: &mut Manager, app: &App) {
-    manager.transform::<Node>(crate::runtime::reflector::strip_node);
+    manager.transform::<Node>(crate::node::strip_node);
     node_maintenance::register(manager, app);
     plan::register(manager, app);
     if app.bare_metal {
@@ -166,7 +166,7 @@ fn node_view(node: &Node) -> NodeView<'_> {
         node.metadata.annotations.as_ref(),
         node.spec.as_ref(),
         node.metadata.deletion_timestamp.as_ref(),
-        node_is_ready(node),
+        crate::node::node_is_ready(node),
     )
 }
 
@@ -176,14 +176,6 @@ pub fn node_changed() -> Predicate<Node> {
         StoreEvent::Updated { old, new } => node_view(old) != node_view(new),
         StoreEvent::Added(_) | StoreEvent::Deleted(_) => true,
     })
-}
-
-/// Is the Node's Ready condition True?
-pub fn node_is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Deletes `name`; an object that is already gone counts as deleted.

@@ -33,7 +33,7 @@ use super::replacement_trace::{
     trace_rollout_end, trace_surplus, trace_transfer,
 };
 use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
-use super::{delete_if_present, node_is_ready, node_maintenance, same_object};
+use super::{delete_if_present, node_maintenance, same_object};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::update::rollout::SettingSource;
@@ -44,6 +44,7 @@ use crate::api::update::{
 use crate::cloud::{CloudProvider, CreateNodeRequest};
 use crate::error::{Error, Result};
 use crate::etcd::{Decision, EtcdClient, EtcdError, Removed, decide, to_check};
+use crate::node::node_is_ready;
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
@@ -1857,7 +1858,7 @@ impl StatusWrites {
     /// (once landed) while the store does not show it yet, else the store's.
     async fn latest(&self, nv: &NodeVersion) -> NodeVersionStatus {
         let name = nv.name_any();
-        let last = crate::runtime::rate_limiter::lock(&self.0).remove(&name);
+        let last = crate::runtime::sync::lock(&self.0).remove(&name);
         let Some(mut last) = last else {
             return nv.status_or_default();
         };
@@ -1872,7 +1873,7 @@ impl StatusWrites {
                 if nv.metadata.resource_version.as_ref() != Some(rv) && at.elapsed() < STORE_CATCHES_UP =>
             {
                 let status = last.status.clone();
-                crate::runtime::rate_limiter::lock(&self.0).insert(name, last);
+                crate::runtime::sync::lock(&self.0).insert(name, last);
                 status
             }
             _ => nv.status_or_default(),
@@ -1883,8 +1884,7 @@ impl StatusWrites {
     fn written(&self, name: &str, status: NodeVersionStatus, resource_version: Option<String>) {
         if let Some(rv) = resource_version {
             let state = WriteState::Written(rv, std::time::Instant::now());
-            crate::runtime::rate_limiter::lock(&self.0)
-                .insert(name.to_string(), StatusWrite { status, state });
+            crate::runtime::sync::lock(&self.0).insert(name.to_string(), StatusWrite { status, state });
         }
     }
 
@@ -1915,7 +1915,7 @@ impl StatusWrites {
             }
         });
         let state = WriteState::InFlight(task);
-        crate::runtime::rate_limiter::lock(&self.0).insert(name, StatusWrite { status, state });
+        crate::runtime::sync::lock(&self.0).insert(name, StatusWrite { status, state });
     }
 }
 
@@ -1929,7 +1929,7 @@ pub struct Retired(std::sync::Mutex<std::collections::HashSet<String>>);
 impl Retired {
     fn add(&self, node: &Node) {
         if let Some(uid) = &node.metadata.uid {
-            crate::runtime::rate_limiter::lock(&self.0).insert(uid.clone());
+            crate::runtime::sync::lock(&self.0).insert(uid.clone());
         }
     }
 
@@ -1937,12 +1937,12 @@ impl Retired {
         node.metadata
             .uid
             .as_ref()
-            .is_some_and(|uid| crate::runtime::rate_limiter::lock(&self.0).contains(uid))
+            .is_some_and(|uid| crate::runtime::sync::lock(&self.0).contains(uid))
     }
 
     /// Forgets the nodes `shown` no longer has.
     fn forget_gone(&self, shown: &[Arc<Node>]) {
-        let mut retired = crate::runtime::rate_limiter::lock(&self.0);
+        let mut retired = crate::runtime::sync::lock(&self.0);
         if retired.is_empty() {
             return;
         }

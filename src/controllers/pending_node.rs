@@ -23,15 +23,16 @@ use serde_json::json;
 use super::App;
 use super::node_version::HEIR_ANNOTATION;
 use super::replacement_trace::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
-use super::{delete_if_present, node_is_ready, same_object, same_version};
+use super::{delete_if_present, same_object, same_version};
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
 use crate::cloud::{CloudProvider, CreateNodeRequest, CreatedNode, InstanceState};
 use crate::error::{Error, Result};
+use crate::node::node_is_ready;
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::Manager;
-use crate::runtime::rate_limiter::lock;
 use crate::runtime::store::{Key, ObjectKey, Store};
+use crate::runtime::sync::lock;
 use crate::telemetry::trace;
 
 const POLL: Duration = Duration::from_secs(1);

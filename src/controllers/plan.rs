@@ -25,8 +25,8 @@ use kube::api::{
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 
+use super::App;
 use super::replacement_trace::TRACE_FLUSH_TIMEOUT;
-use super::{App, node_is_ready};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::plan::{NodeUpgrade, Plan, PlanStatus, node_label};
@@ -34,6 +34,7 @@ use crate::drain::kubectl::{self, KubectlDrain};
 use crate::drain::node::{Quarantine, recorded_changes};
 use crate::drain::pods::selector_matches;
 use crate::error::{Error, Result};
+use crate::node::node_is_ready;
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};

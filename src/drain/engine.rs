@@ -30,9 +30,9 @@ use super::pods::{PodClass, classify, covering_budgets, reference};
 use crate::api::node_maintenance::{DrainBlocker, DrainTimeoutPolicy, PodReference};
 use crate::runtime::backoff::{Backoff, BackoffConfig};
 use crate::runtime::leader::LeaderHandle;
-use crate::runtime::rate_limiter::lock;
 use crate::runtime::reflector::{FirstList, Reflector, ReflectorConfig};
 use crate::runtime::store::Store;
+use crate::runtime::sync::lock;
 
 /// Evictions in flight at once per drain.
 const EVICTION_CONCURRENCY: usize = 16;

@@ -83,7 +83,7 @@ pub enum EtcdError {
 
 impl Categorized for EtcdError {
     fn category(&self) -> Category {
-        Category::Etcd
+        crate::error::category::ETCD
     }
 }
 

@@ -35,10 +35,10 @@ macro_rules! label_value_from_as_str {
     )*};
 }
 
-// Category and CloudErrorKind spell their label text themselves (Category's
-// is also the Event reason), so runtime/ and cloud/ need no prometheus_client.
+// CloudErrorKind spells its label text itself, so cloud/ needs no
+// prometheus_client; Category (the runtime's, also the Event reason) is
+// labelled by its text.
 label_value_from_as_str!(
-    Category,
     CloudErrorKind,
     NodeState,
     DrainResult,
@@ -332,8 +332,8 @@ pub struct ControllerLabels {
 pub struct ErrorLabels {
     /// The controller's name.
     pub controller: String,
-    /// The error's category, also the Event reason.
-    pub category: Category,
+    /// The error's category, also the Event reason ([`Category::as_str`]).
+    pub category: &'static str,
 }
 
 /// An exemplar's labels: the trace of the observed reconcile.
@@ -852,7 +852,7 @@ impl RuntimeMetrics for Metrics {
         self.reconcile_errors
             .get_or_create(&ErrorLabels {
                 controller: controller.to_owned(),
-                category,
+                category: category.as_str(),
             })
             .inc();
     }

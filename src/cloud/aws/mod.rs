@@ -71,7 +71,7 @@ pub struct AwsProvider {
     /// A create's read of the desired capacity and its write of "desired + 1"
     /// exclude every terminate (which decrements it): a terminate landing
     /// between the two was undone by the write, and the group started an
-    /// instance nobody asked for (CI's tests/aws.rs, one run in several: an
+    /// instance nobody asked for (CI's tests/it/aws.rs, one run in several: an
     /// untracked tenth node on the new image where nine were rolled).
     /// It holds the capacity changes whose answer never came: none is sent
     /// while one of them may still land ([`doubt`]).

@@ -1,0 +1,588 @@
+//! AWS in tests: moto's server (pinned, `e2e/moto/moto.sh`), Auto Scaling
+//! groups made through the SDK as Constellation's installer makes them,
+//! and a joiner that plays the kubelets: each running instance of the
+//! cluster becomes a kwok Node with its provider ID and image after a boot
+//! delay, and its Node goes when the instance is terminated.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use aws_sdk_autoscaling::types::{LaunchTemplateSpecification, Tag as AsgTag};
+use aws_sdk_ec2::types::{InstanceStateName, RequestLaunchTemplateData};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use nodewarden::api::update::{NodeVersion, ScalingGroup};
+use nodewarden::cloud::GroupRole;
+use nodewarden::simcloud::model::JoinJob;
+use tokio_util::sync::CancellationToken;
+
+use super::RUN_LABEL;
+
+/// The region the tests use (moto accepts any).
+pub const REGION: &str = "us-east-1";
+/// moto accepts any credentials.
+pub const KEY: (&str, &str) = ("testing", "testing");
+
+/// A moto server of one test, stopped on drop.
+pub struct Moto {
+    dir: tempfile::TempDir,
+    pub endpoint: String,
+}
+
+fn script() -> PathBuf {
+    crate::repo().join("e2e/moto/moto.sh")
+}
+
+impl Moto {
+    pub fn start() -> Moto {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        // moto records every request it carries out, in the order it
+        // does; a failing test keeps the record (see Drop).
+        let out = Command::new(script())
+            .arg("start")
+            .arg(dir.path())
+            .env("MOTO_ENABLE_RECORDING", "True")
+            .env("MOTO_RECORDER_FILEPATH", dir.path().join("requests.jsonl"))
+            .output()
+            .expect("running e2e/moto/moto.sh");
+        assert!(
+            out.status.success(),
+            "starting moto failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let endpoint = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        Moto { dir, endpoint }
+    }
+
+    /// The server's pid. moto keeps its state in memory, so an outage is
+    /// played by pausing it (SIGSTOP, then SIGCONT), not by a restart.
+    pub fn pid(&self) -> u32 {
+        let pid = std::fs::read_to_string(self.dir.path().join("pid")).expect("moto's pid");
+        pid.trim().parse().expect("a pid")
+    }
+
+    /// An SDK configuration for this server.
+    pub async fn sdk(&self) -> aws_config::SdkConfig {
+        use aws_smithy_http_client::tls;
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+            .build_https();
+        aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(http)
+            .endpoint_url(&self.endpoint)
+            .region(aws_config::Region::new(REGION))
+            .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+                KEY.0, KEY.1, None, None, "test",
+            ))
+            .load()
+            .await
+    }
+
+    /// The provider configuration nodewarden gets for this server.
+    pub fn provider_config(&self, cluster_uid: &str) -> nodewarden::cloud::aws::AwsConfig {
+        nodewarden::cloud::aws::AwsConfig {
+            cluster_uid: cluster_uid.to_string(),
+            endpoint: Some(self.endpoint.clone()),
+            region: Some(REGION.into()),
+            static_credentials: Some((KEY.0.into(), KEY.1.into())),
+            call_timeout: None,
+        }
+    }
+}
+
+/// A proxy in front of moto that holds the first request naming `action`
+/// for `hold` before passing it on, even when its caller has given up: a
+/// request AWS carries out after the client's timeout. Everything else
+/// passes at once.
+pub struct HoldingProxy {
+    pub endpoint: String,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl HoldingProxy {
+    pub async fn start(moto: &Moto, action: &str, hold: Duration) -> HoldingProxy {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding a proxy port");
+        let port = listener.local_addr().expect("a bound address").port();
+        let target = moto.endpoint.trim_start_matches("http://").to_string();
+        let marker = format!("Action={action}&").into_bytes();
+        let held = Arc::new(AtomicUsize::new(0));
+        let counted = held.clone();
+        let accept_task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (target, marker, held) = (target.clone(), marker.clone(), counted.clone());
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let (mut from_client, mut to_client) = inbound.into_split();
+                    let (mut from_moto, mut to_moto) = outbound.into_split();
+                    let up = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = from_client.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                            let chunk = &buf[..n];
+                            if chunk.windows(marker.len()).any(|w| w == marker.as_slice())
+                                && held.fetch_add(1, Ordering::SeqCst) == 0
+                            {
+                                tokio::time::sleep(hold).await;
+                            }
+                            if to_moto.write_all(chunk).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    let down = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = from_moto.read(&mut buf).await {
+                            // The caller may be gone: the answer is dropped.
+                            if n == 0 || to_client.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        HoldingProxy {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            held,
+            accept_task,
+        }
+    }
+
+    /// How many requests named the action.
+    pub fn seen(&self) -> usize {
+        self.held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for HoldingProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = Command::new(script()).arg("stop").arg(self.dir.path()).output();
+        if std::thread::panicking() {
+            // What moto was asked, in the order it acted: the record of a
+            // failed test outlives its temporary directory.
+            let kept = std::env::temp_dir().join(format!(
+                "nodewarden-moto-requests-{}-{}.jsonl",
+                std::process::id(),
+                self.endpoint.rsplit(':').next().unwrap_or_default()
+            ));
+            if std::fs::copy(self.dir.path().join("requests.jsonl"), &kept).is_ok() {
+                eprintln!(
+                    "moto's requests, in the order it carried them out: {}",
+                    kept.display()
+                );
+            }
+        }
+    }
+}
+
+/// A launch template on `image` and an Auto Scaling group of `size` from it,
+/// tagged for the cluster (`constellation-uid`, `-role`, `-node-group`,
+/// propagated to the instances).
+pub async fn create_group(
+    sdk: &aws_config::SdkConfig,
+    uid: &str,
+    name: &str,
+    role: &str,
+    size: i32,
+    image: &str,
+) {
+    let ec2 = aws_sdk_ec2::Client::new(sdk);
+    let template = ec2
+        .create_launch_template()
+        .launch_template_name(format!("{name}-template"))
+        .launch_template_data(
+            RequestLaunchTemplateData::builder()
+                .image_id(image)
+                .instance_type(aws_sdk_ec2::types::InstanceType::T3Small)
+                .build(),
+        )
+        .send()
+        .await
+        .expect("a launch template");
+    let id = template
+        .launch_template
+        .and_then(|t| t.launch_template_id)
+        .expect("a template id");
+    let tag = |k: &str, v: &str| {
+        AsgTag::builder()
+            .key(k)
+            .value(v)
+            .propagate_at_launch(true)
+            .build()
+    };
+    aws_sdk_autoscaling::Client::new(sdk)
+        .create_auto_scaling_group()
+        .auto_scaling_group_name(name)
+        .launch_template(
+            LaunchTemplateSpecification::builder()
+                .launch_template_id(id)
+                .version("$Default")
+                .build(),
+        )
+        .availability_zones(format!("{REGION}a"))
+        .min_size(0)
+        .max_size(20)
+        .desired_capacity(size)
+        .tags(tag("constellation-uid", uid))
+        .tags(tag("constellation-role", role))
+        .tags(tag("constellation-node-group", name))
+        .send()
+        .await
+        .expect("an Auto Scaling group");
+}
+
+/// The cluster's instances as EC2 shows them: id → (state, image, zone,
+/// private DNS name, role tag, group).
+pub type Instances = BTreeMap<String, (InstanceStateName, String, String, String, String)>;
+
+pub async fn instances(ec2: &aws_sdk_ec2::Client, uid: &str) -> Result<Instances, String> {
+    let out = ec2
+        .describe_instances()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("tag:constellation-uid")
+                .values(uid)
+                .build(),
+        )
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let mut all = Instances::new();
+    for i in out
+        .reservations
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|r| r.instances.unwrap_or_default())
+    {
+        let tag = |k: &str| {
+            i.tags()
+                .iter()
+                .find(|t| t.key() == Some(k))
+                .and_then(|t| t.value.clone())
+                .unwrap_or_default()
+        };
+        let value = (
+            i.state
+                .as_ref()
+                .and_then(|s| s.name.clone())
+                .unwrap_or(InstanceStateName::Pending),
+            i.image_id.clone().unwrap_or_default(),
+            i.placement
+                .as_ref()
+                .and_then(|p| p.availability_zone.clone())
+                .unwrap_or_default(),
+            i.private_dns_name.clone().unwrap_or_default(),
+            tag("constellation-role"),
+        );
+        all.insert(i.instance_id.clone().unwrap_or_default(), value);
+    }
+    Ok(all)
+}
+
+/// Plays the kubelets until stopped: a running instance's Node appears
+/// `boot` after the joiner first sees it; a terminated instance's Node goes.
+pub async fn join(
+    client: Client,
+    sdk: aws_config::SdkConfig,
+    run_id: String,
+    uid: String,
+    boot: Duration,
+    stop: CancellationToken,
+) {
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let nodes: Api<Node> = Api::all(client);
+    let mut first_seen: BTreeMap<String, tokio::time::Instant> = BTreeMap::new();
+    let mut joined: BTreeMap<String, String> = BTreeMap::new();
+    while !stop.is_cancelled() {
+        if let Ok(all) = instances(&ec2, &uid).await {
+            for (id, (state, image, zone, dns, role)) in &all {
+                match state {
+                    InstanceStateName::Running if !joined.contains_key(id) => {
+                        let seen = *first_seen
+                            .entry(id.clone())
+                            .or_insert_with(tokio::time::Instant::now);
+                        if seen.elapsed() < boot {
+                            continue;
+                        }
+                        let node = node_for(&run_id, id, image, zone, dns, role);
+                        match nodes.create(&PostParams::default(), &node).await {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(s)) if s.code == 409 => {}
+                            Err(_) => continue,
+                        }
+                        joined.insert(id.clone(), node.name_any());
+                    }
+                    InstanceStateName::Terminated | InstanceStateName::ShuttingDown => {
+                        if let Some(name) = joined.remove(id) {
+                            let _ = nodes.delete(&name, &DeleteParams::default()).await;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn node_for(run_id: &str, id: &str, image: &str, zone: &str, dns: &str, role: &str) -> Node {
+    let job = JoinJob {
+        instance: if dns.is_empty() {
+            id.to_string()
+        } else {
+            dns.to_string()
+        },
+        group: role.to_string(),
+        role: match role {
+            "control-plane" => GroupRole::ControlPlane,
+            _ => GroupRole::Worker,
+        },
+        image: image.to_string(),
+        labels: BTreeMap::from([(RUN_LABEL.to_string(), run_id.to_string())]),
+        internal_ip: None,
+    };
+    let mut node = nodewarden::simcloud::nodes::node_for(&job);
+    if let Some(spec) = node.spec.as_mut() {
+        spec.provider_id = Some(format!("aws:///{zone}/{id}"));
+    }
+    node
+}
+
+/// The image of the launch template version the group's template defaults to.
+pub async fn default_image(sdk: &aws_config::SdkConfig, group: &str) -> String {
+    let asg = aws_sdk_autoscaling::Client::new(sdk)
+        .describe_auto_scaling_groups()
+        .auto_scaling_group_names(group)
+        .send()
+        .await
+        .expect("the group");
+    let template = asg
+        .auto_scaling_groups()
+        .first()
+        .and_then(|g| g.launch_template.as_ref())
+        .and_then(|t| t.launch_template_id.clone())
+        .expect("a launch template");
+    let versions = aws_sdk_ec2::Client::new(sdk)
+        .describe_launch_template_versions()
+        .launch_template_id(template)
+        .versions("$Default")
+        .send()
+        .await
+        .expect("the default version");
+    versions
+        .launch_template_versions()
+        .first()
+        .and_then(|v| v.launch_template_data.as_ref())
+        .and_then(|d| d.image_id.clone())
+        .unwrap_or_default()
+}
+
+/// The groups of the AWS tests: (suffix, `constellation-role` tag, ScalingGroup role, size).
+pub const GROUPS: [(&str, &str, &str, i32); 3] = [
+    ("cp", "control-plane", "ControlPlane", 3),
+    ("workers-a", "worker", "Worker", 3),
+    ("workers-b", "worker", "Worker", 3),
+];
+
+/// A cluster on moto: [`GROUPS`] as Auto Scaling groups tagged with the
+/// test's id as `constellation-uid`, and the joiner making their instances Nodes.
+pub struct AwsCluster {
+    pub sdk: aws_config::SdkConfig,
+    pub uid: String,
+    /// (Auto Scaling group name, ScalingGroup role).
+    pub groups: Vec<(String, &'static str)>,
+    stop: CancellationToken,
+    joiner: tokio::task::JoinHandle<()>,
+}
+
+impl AwsCluster {
+    /// Creates the groups on `image` and waits until each instance is a Ready Node.
+    pub async fn start(env: &super::TestEnv, moto: &Moto, image: &str) -> AwsCluster {
+        let sdk = moto.sdk().await;
+        let uid = env.id.clone();
+        let mut groups = Vec::new();
+        let mut total = 0;
+        for (g, tag_role, role, size) in GROUPS {
+            let name = format!("{}-{g}", env.id);
+            create_group(&sdk, &uid, &name, tag_role, size, image).await;
+            groups.push((name, role));
+            total += size as usize;
+        }
+        let stop = CancellationToken::new();
+        let joiner = tokio::spawn(join(
+            env.client.clone(),
+            sdk.clone(),
+            env.id.clone(),
+            uid.clone(),
+            Duration::from_secs(1),
+            stop.clone(),
+        ));
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        let selector = env.run_selector();
+        super::wait_for(
+            &format!("{total} Ready nodes from moto's instances"),
+            Duration::from_secs(60),
+            || async {
+                match nodes.list(&ListParams::default().labels(&selector)).await {
+                    Ok(l) if l.items.iter().filter(|n| super::node_is_ready(n)).count() == total => {
+                        super::Probe::Done(())
+                    }
+                    Ok(l) => super::Probe::NotYet(format!("{} nodes", l.items.len())),
+                    Err(e) => super::Probe::NotYet(super::seen(e)),
+                }
+            },
+        )
+        .await;
+        AwsCluster {
+            sdk,
+            uid,
+            groups,
+            stop,
+            joiner,
+        }
+    }
+
+    /// Nothing leaked: moto's running instances are exactly the Nodes.
+    pub async fn wait_instances_equal_nodes(&self, env: &super::TestEnv) {
+        let ec2 = aws_sdk_ec2::Client::new(&self.sdk);
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        let selector = env.run_selector();
+        super::wait_for(
+            "moto's instances equal the Nodes",
+            Duration::from_secs(30),
+            || async {
+                let running: BTreeSet<String> = match instances(&ec2, &self.uid).await {
+                    Ok(all) => all
+                        .iter()
+                        .filter(|(_, v)| v.0 == InstanceStateName::Running)
+                        .map(|(id, v)| format!("aws:///{}/{id}", v.2))
+                        .collect(),
+                    Err(e) => return super::Probe::NotYet(e),
+                };
+                let node_ids: BTreeSet<String> =
+                    match nodes.list(&ListParams::default().labels(&selector)).await {
+                        Ok(l) => l
+                            .items
+                            .iter()
+                            .filter_map(|n| n.spec.as_ref()?.provider_id.clone())
+                            .collect(),
+                        Err(e) => return super::Probe::NotYet(super::seen(e)),
+                    };
+                match running == node_ids {
+                    true => super::Probe::Done(()),
+                    false => super::Probe::NotYet(format!("instances {running:?} vs nodes {node_ids:?}")),
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Every group's launch template defaults to `image`.
+    pub async fn assert_templates_default_to(&self, image: &str) {
+        for (name, _) in &self.groups {
+            assert_eq!(
+                default_image(&self.sdk, name).await,
+                image,
+                "{name}'s launch template"
+            );
+        }
+    }
+
+    /// Stops the joiner.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.joiner.await;
+    }
+}
+
+/// A NodeVersion on `image` whose surge is upstream's `maxNodeBudget`
+/// (no `rollout`), and no ScalingGroup: discovery makes those.
+pub async fn create_budget_node_version(env: &super::TestEnv, image: &str, budget: u32) {
+    let nv: NodeVersion = serde_json::from_value(serde_json::json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "NodeVersion",
+        "metadata": {"name": env.name("version"), "labels": {RUN_LABEL: env.id}},
+        "spec": {"image": image, "maxNodeBudget": budget},
+    }))
+    .expect("a NodeVersion");
+    Api::<NodeVersion>::all(env.client.clone())
+        .create(&PostParams::default(), &nv)
+        .await
+        .expect("creating the NodeVersion");
+}
+
+/// Waits until discovery made one ScalingGroup per Auto Scaling group of
+/// `cluster`, named after it, with its role and node group, following the
+/// test's NodeVersion and seen through the test's object selector.
+pub async fn wait_discovered(env: &super::TestEnv, cluster: &AwsCluster) {
+    let api: Api<ScalingGroup> = Api::all(env.client.clone());
+    let selector = env.run_selector();
+    let want: BTreeMap<String, (String, String, String, String)> = cluster
+        .groups
+        .iter()
+        .map(|(name, role)| {
+            (
+                name.clone(),
+                (name.clone(), role.to_string(), name.clone(), env.name("version")),
+            )
+        })
+        .collect();
+    super::wait_for(
+        "ScalingGroups discovered from the groups' tags",
+        Duration::from_secs(30),
+        || async {
+            let got: BTreeMap<String, (String, String, String, String)> =
+                match api.list(&ListParams::default().labels(&selector)).await {
+                    Ok(l) => l
+                        .items
+                        .iter()
+                        .map(|g| {
+                            let role = serde_json::to_value(g.spec.role)
+                                .ok()
+                                .and_then(|v| v.as_str().map(String::from))
+                                .unwrap_or_default();
+                            (
+                                g.name_any(),
+                                (
+                                    g.spec.group_id.clone(),
+                                    role,
+                                    g.spec.node_group_name.clone(),
+                                    g.spec.node_image.clone(),
+                                ),
+                            )
+                        })
+                        .collect(),
+                    Err(e) => return super::Probe::NotYet(super::seen(e)),
+                };
+            match got == want {
+                true => super::Probe::Done(()),
+                false => super::Probe::NotYet(format!("{got:?}")),
+            }
+        },
+    )
+    .await;
+}
