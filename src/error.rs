@@ -13,11 +13,11 @@ pub mod category {
     use super::Category;
 
     /// A cloud provider call failed.
-    pub const CLOUD: Category = Category::App("CloudError");
+    pub use crate::cloud::error::CATEGORY as CLOUD;
     /// A drained node runs pods again (bound after its drain): not deleted yet.
     pub const DRAIN_INCOMPLETE: Category = Category::App("DrainIncomplete");
     /// etcd refused or failed a request, or could not be reached.
-    pub const ETCD: Category = Category::App("EtcdError");
+    pub use crate::etcd::CATEGORY as ETCD;
 }
 
 /// Errors of the nodewarden library.

@@ -87,6 +87,9 @@ pub enum CloudError {
     },
 }
 
+/// Every cloud failure's category for Events and the error metric.
+pub const CATEGORY: Category = Category::App("CloudError");
+
 /// A [`CloudError`]'s variant without its details.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CloudErrorKind {
@@ -191,7 +194,7 @@ impl CloudError {
     /// Every cloud failure is one category for Events and the error metric;
     /// the variant is in the message.
     pub fn category(&self) -> Category {
-        crate::error::category::CLOUD
+        CATEGORY
     }
 }
 
@@ -241,7 +244,7 @@ mod tests {
             retryable
                 .iter()
                 .chain(&final_)
-                .all(|e| Categorized::category(e) == crate::error::category::CLOUD)
+                .all(|e| Categorized::category(e) == CATEGORY)
         );
     }
 

@@ -130,7 +130,7 @@ impl MeteredCloud {
             .get_or_create(&CloudErrorLabels {
                 provider,
                 operation,
-                category: error.kind(),
+                category: error.kind().as_str(),
             })
             .inc();
     }

@@ -59,21 +59,10 @@ use crate::telemetry::trace::{
 /// Steps of one rollout pass carried out at once (see `carry_out_all`).
 const STEPS_AT_ONCE: usize = 16;
 
-/// On a Node: the ID of its scaling group (Constellation's).
-pub const GROUP_ANNOTATION: &str = "constellation.edgeless.systems/scaling-group-id";
-/// On a Node: the image its instance runs (Constellation's).
-pub const IMAGE_ANNOTATION: &str = "constellation.edgeless.systems/node-image";
-/// On a Node: its Kubernetes components reference (Constellation's).
-pub const COMPONENTS_ANNOTATION: &str = "constellation.edgeless.systems/kubernetes-components";
-/// On a donor: the name of its heir.
-pub const HEIR_ANNOTATION: &str = "constellation.edgeless.systems/heir";
-/// On an heir: the name of its donor.
-pub const DONOR_ANNOTATION: &str = "constellation.edgeless.systems/donor";
-/// On a surplus node being removed.
-pub const OBSOLETE_ANNOTATION: &str = "constellation.edgeless.systems/obsolete";
-/// On an AutoscalingStrategy nodewarden disabled: which NodeVersion did (so
-/// only what nodewarden paused is resumed).
-pub const PAUSED_BY_ANNOTATION: &str = "nodewarden.dev/paused-by";
+pub use crate::api::update::annotations::{
+    COMPONENTS_ANNOTATION, DONOR_ANNOTATION, GROUP_ANNOTATION, HEIR_ANNOTATION, IMAGE_ANNOTATION,
+    OBSOLETE_ANNOTATION, PAUSED_BY_ANNOTATION,
+};
 /// NodeMaintenances a rollout creates are named with this prefix.
 pub const DRAIN_PREFIX: &str = "nodewarden-replace-";
 /// How long a leaving instance is tracked.

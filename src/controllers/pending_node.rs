@@ -21,9 +21,9 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::App;
-use super::node_version::HEIR_ANNOTATION;
 use super::replacement_trace::{CREATED_AT_ANNOTATION, TRACE_FLUSH_TIMEOUT, trace_create};
 use super::{delete_if_present, same_object, same_version};
+use crate::api::update::annotations::HEIR_ANNOTATION;
 use crate::api::update::{CspNodeState, PendingNode, PendingNodeGoal};
 use crate::cloud::{CloudProvider, CreateNodeRequest, CreatedNode, InstanceState};
 use crate::error::{Error, Result};

@@ -48,7 +48,7 @@ pub fn classify(pod: &Pod) -> PodClass {
     let of_plan = meta
         .labels
         .as_ref()
-        .is_some_and(|l| l.contains_key(crate::upgrade::labels::PLAN));
+        .is_some_and(|l| l.contains_key(crate::api::plan::labels::PLAN));
     if job_owned && of_plan {
         return PodClass::Upgrade;
     }

@@ -81,9 +81,12 @@ pub enum EtcdError {
     },
 }
 
+/// Every etcd failure's category for Events and the error metric.
+pub const CATEGORY: Category = Category::App("EtcdError");
+
 impl Categorized for EtcdError {
     fn category(&self) -> Category {
-        crate::error::category::ETCD
+        CATEGORY
     }
 }
 

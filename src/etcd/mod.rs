@@ -10,5 +10,5 @@
 pub mod client;
 pub mod rules;
 
-pub use client::{EtcdClient, EtcdConfig, EtcdError, Removed};
+pub use client::{CATEGORY, EtcdClient, EtcdConfig, EtcdError, Removed};
 pub use rules::{Blocked, Decision, Health, Member, decide, to_check};

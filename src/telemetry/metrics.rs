@@ -17,7 +17,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::cloud::error::CloudErrorKind;
 use crate::runtime::error::Category;
 use crate::runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use crate::runtime::reflector::ReflectorStats;
@@ -35,11 +34,10 @@ macro_rules! label_value_from_as_str {
     )*};
 }
 
-// CloudErrorKind spells its label text itself, so cloud/ needs no
-// prometheus_client; Category (the runtime's, also the Event reason) is
-// labelled by its text.
+// A reconcile error's Category (the runtime's, also the Event reason) and a
+// cloud error's kind are labelled by their text: neither the runtime nor
+// cloud/ needs prometheus_client, and telemetry imports neither's types.
 label_value_from_as_str!(
-    CloudErrorKind,
     NodeState,
     DrainResult,
     CloudOperation,
@@ -382,8 +380,8 @@ pub struct CloudErrorLabels {
     pub provider: String,
     /// The provider call.
     pub operation: CloudOperation,
-    /// The cloud error's kind.
-    pub category: CloudErrorKind,
+    /// The cloud error's kind (`CloudErrorKind::as_str`).
+    pub category: &'static str,
 }
 
 /// Label set of every queue metric: the queue's name.
@@ -1014,7 +1012,7 @@ mod tests {
             .get_or_create(&CloudErrorLabels {
                 provider: "p".into(),
                 operation: CloudOperation::SetGroupImage,
-                category: CloudErrorKind::InvalidProviderId,
+                category: "invalid_provider_id",
             })
             .inc();
         m.set_plan_nodes("ns", "p", |s| {

@@ -13,21 +13,9 @@ pub mod schedule;
 pub mod tally;
 pub mod window;
 
-/// Labels on a Plan's Jobs and pods (upstream's names).
-pub mod labels {
-    /// The plan a Job applies.
-    pub const PLAN: &str = "upgrade.cattle.io/plan";
-    /// The node a Job upgrades.
-    pub const NODE: &str = "upgrade.cattle.io/node";
-    /// The version a Job applies.
-    pub const VERSION: &str = "upgrade.cattle.io/version";
-    /// Whether the Job's plan is exclusive.
-    pub const EXCLUSIVE: &str = "upgrade.cattle.io/exclusive";
-    /// The controller that made the Job.
-    pub const CONTROLLER: &str = "upgrade.cattle.io/controller";
-    /// On a Plan's NodeMaintenances: the plan's namespace (its name is in [`PLAN`]).
-    pub const PLAN_NAMESPACE: &str = "nodewarden.dev/plan-namespace";
-}
+/// The labels of upgrade Jobs and of a Plan's NodeMaintenances (the Plan
+/// API's conventions, [`crate::api::plan::labels`]).
+pub use crate::api::plan::labels;
 
 /// A Kubernetes name made of `parts` joined by `-`, at most 63 characters:
 /// a long one is cut and ends in a digest of the whole, so distinct inputs

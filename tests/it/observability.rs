@@ -407,7 +407,7 @@ fn populated_metrics() -> Metrics {
     metrics.cloud_errors.get_or_create_owned(&CloudErrorLabels {
         provider: "probe".into(),
         operation: CloudOperation::CreateNode,
-        category: CloudErrorKind::Server,
+        category: CloudErrorKind::Server.as_str(),
     });
     metrics.set_plan_nodes("probe", "probe", |_| 0);
     metrics.plan_job_duration.get_or_create_owned(&JobResultLabels {

@@ -89,3 +89,23 @@ pub mod reason {
     /// RolloutSettings: some come from the operator's defaults (or the built-in ones).
     pub const FROM_OPERATOR: &str = "FromOperatorDefaults";
 }
+
+/// The annotations the rollout keeps on Nodes and AutoscalingStrategies
+/// (Constellation's names, which its tools read).
+pub mod annotations {
+    /// On a Node: the ID of its scaling group (Constellation's).
+    pub const GROUP_ANNOTATION: &str = "constellation.edgeless.systems/scaling-group-id";
+    /// On a Node: the image its instance runs (Constellation's).
+    pub const IMAGE_ANNOTATION: &str = "constellation.edgeless.systems/node-image";
+    /// On a Node: its Kubernetes components reference (Constellation's).
+    pub const COMPONENTS_ANNOTATION: &str = "constellation.edgeless.systems/kubernetes-components";
+    /// On a donor: the name of its heir.
+    pub const HEIR_ANNOTATION: &str = "constellation.edgeless.systems/heir";
+    /// On an heir: the name of its donor.
+    pub const DONOR_ANNOTATION: &str = "constellation.edgeless.systems/donor";
+    /// On a surplus node being removed.
+    pub const OBSOLETE_ANNOTATION: &str = "constellation.edgeless.systems/obsolete";
+    /// On an AutoscalingStrategy nodewarden disabled: which NodeVersion did (so
+    /// only what nodewarden paused is resumed).
+    pub const PAUSED_BY_ANNOTATION: &str = "nodewarden.dev/paused-by";
+}
