@@ -3,6 +3,7 @@ FROM rust:1.95-alpine AS build
 RUN apk add --no-cache musl-dev
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
 COPY src ./src
 COPY benches ./benches
 RUN cargo build --release --locked --bin nodewarden \
