@@ -10,9 +10,9 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::TestEnv;
 use crate::support::aws::*;
 use crate::support::rollout::*;
+use crate::support::{TcpProxy, TestEnv};
 use nodewarden::cloud::aws::AwsProvider;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,9 +110,10 @@ async fn a_capacity_change_without_an_answer_is_not_overtaken_by_the_next() {
     use nodewarden::cloud::{CloudError, CloudProvider, CreateNodeRequest};
     const SIZE: i32 = 3;
     let (moto, sdk, uid, group) = moto_with_group("doubt", SIZE).await;
-    let proxy = HoldingProxy::start(&moto, "SetDesiredCapacity", Duration::from_secs(4)).await;
+    let proxy = TcpProxy::start(moto.endpoint.trim_start_matches("http://").to_string()).await;
+    proxy.hold_first(b"Action=SetDesiredCapacity&", Duration::from_secs(4));
     let mut config = moto.provider_config(&uid);
-    config.endpoint = Some(proxy.endpoint.clone());
+    config.endpoint = Some(format!("http://127.0.0.1:{}", proxy.port));
     config.call_timeout = Some(Duration::from_secs(1));
     let provider = AwsProvider::new(config).await.expect("the aws provider");
     let asg = aws_sdk_autoscaling::Client::new(&sdk);
@@ -145,7 +146,7 @@ async fn a_capacity_change_without_an_answer_is_not_overtaken_by_the_next() {
         matches!(first, Err(CloudError::Timeout { .. })),
         "the create's capacity change is held past its timeout: {first:?}"
     );
-    assert_eq!(proxy.seen(), 1);
+    assert_eq!(proxy.held_seen(), 1);
     let next = provider.delete_node(&old[0]).await;
     assert!(
         matches!(next, Err(CloudError::ChangeInDoubt { .. })),
@@ -174,7 +175,7 @@ async fn a_capacity_change_without_an_answer_is_not_overtaken_by_the_next() {
         }
     }
     assert_eq!(
-        proxy.seen(),
+        proxy.held_seen(),
         1,
         "the create's retry found its instance instead of asking again"
     );

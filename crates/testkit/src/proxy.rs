@@ -1,5 +1,6 @@
-//! A fault-injecting TCP proxy in front of the API server: cut, stall and
-//! restore a client's connections while the server keeps running.
+//! A fault-injecting TCP proxy in front of a server (the API server, moto):
+//! cut, stall and restore a client's connections while the server keeps
+//! running, or hold one request past its caller's timeout.
 
 use std::sync::Arc;
 
@@ -19,6 +20,28 @@ pub struct TcpProxy {
 struct Links {
     default: std::sync::Mutex<Link>,
     open: std::sync::Mutex<Vec<tokio::sync::watch::Sender<Link>>>,
+    hold: std::sync::Mutex<Option<Hold>>,
+}
+
+/// Requests to the target that carry `marker`: the first is held for `for_`
+/// before it is passed on; each is counted.
+struct Hold {
+    marker: Vec<u8>,
+    for_: std::time::Duration,
+    seen: usize,
+}
+
+impl Links {
+    /// How long to hold a chunk on its way to the target, if at all.
+    fn hold_for(&self, chunk: &[u8]) -> Option<std::time::Duration> {
+        let mut hold = self.hold.lock().unwrap_or_else(|e| e.into_inner());
+        let h = hold.as_mut()?;
+        if !chunk.windows(h.marker.len()).any(|w| w == h.marker.as_slice()) {
+            return None;
+        }
+        h.seen += 1;
+        (h.seen == 1).then_some(h.for_)
+    }
 }
 
 impl Links {
@@ -56,6 +79,7 @@ impl TcpProxy {
         let links = Arc::new(Links {
             default: std::sync::Mutex::new(Link::Up),
             open: std::sync::Mutex::default(),
+            hold: std::sync::Mutex::default(),
         });
         let accepting = links.clone();
         let accept_task = tokio::spawn(async move {
@@ -70,7 +94,7 @@ impl TcpProxy {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push(link);
-                tokio::spawn(forward(inbound, target.clone(), rx));
+                tokio::spawn(forward(inbound, target.clone(), rx, accepting.clone()));
             }
         });
         TcpProxy {
@@ -103,6 +127,23 @@ impl TcpProxy {
     /// connections resume where they stopped, nothing lost.
     pub fn restore(&self) {
         self.links.set(Link::Up, true);
+    }
+
+    /// Holds the first request carrying `marker` for `hold` before passing it
+    /// on, even when its caller has given up meanwhile: a request the server
+    /// carries out after the client's timeout. Later ones pass at once.
+    pub fn hold_first(&self, marker: &[u8], hold: std::time::Duration) {
+        *self.links.hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(Hold {
+            marker: marker.to_vec(),
+            for_: hold,
+            seen: 0,
+        });
+    }
+
+    /// How many requests carried the marker of [`TcpProxy::hold_first`].
+    pub fn held_seen(&self) -> usize {
+        let hold = self.links.hold.lock().unwrap_or_else(|e| e.into_inner());
+        hold.as_ref().map_or(0, |h| h.seen)
     }
 }
 
@@ -138,6 +179,7 @@ async fn forward(
     inbound: tokio::net::TcpStream,
     target: String,
     mut link: tokio::sync::watch::Receiver<Link>,
+    links: Arc<Links>,
 ) {
     if passable(&mut link).await.is_err() {
         return;
@@ -149,17 +191,19 @@ async fn forward(
     let (from_server, to_server) = outbound.into_split();
     // The first error (or cut) ends both directions and drops both sockets.
     let _ = tokio::try_join!(
-        pump(from_client, to_server, link.clone()),
-        pump(from_server, to_client, link),
+        pump(from_client, to_server, link.clone(), Some(links)),
+        pump(from_server, to_client, link, None),
     );
 }
 
 /// Copies one direction, passing EOF on as a write shutdown. Bytes read while
-/// the link is stalled are held until it is up again.
+/// the link is stalled are held until it is up again; towards the target
+/// (`holds` given), a request to hold waits its time first.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut link: tokio::sync::watch::Receiver<Link>,
+    holds: Option<Arc<Links>>,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -170,6 +214,9 @@ async fn pump(
         passable(&mut link).await?;
         if n == 0 {
             return to.shutdown().await;
+        }
+        if let Some(hold) = holds.as_ref().and_then(|l| l.hold_for(&buf[..n])) {
+            tokio::time::sleep(hold).await;
         }
         tokio::select! {
             written = to.write_all(&buf[..n]) => written?,
