@@ -64,8 +64,8 @@ pub enum CloudError {
     /// The provider is set up wrongly (endpoint, credentials, region).
     #[error("the cloud provider is misconfigured: {0}")]
     Config(String),
-    /// An earlier change of the same kind has had no answer and may still
-    /// be carried out: this one waits until it shows or cannot anymore.
+    /// An earlier capacity change has had no answer and may still be
+    /// carried out: this one waits until it shows or cannot anymore.
     #[error(
         "{change} has had no answer for {waited:?} and may still be carried out; no other capacity change is sent before it shows or {limit:?} have passed"
     )]

@@ -85,6 +85,14 @@ pub fn judge(doubt: &InDoubt, seen: Seen, at: Instant) -> Verdict {
     }
 }
 
+/// Adds `change`, sent at `sent`, to `doubts` when `e` leaves its outcome
+/// unknown.
+pub fn note(doubts: &mut Vec<InDoubt>, e: &super::CloudError, change: Change, sent: Instant) {
+    if outcome_unknown(e) {
+        doubts.push(InDoubt { change, sent });
+    }
+}
+
 /// Whether an error leaves the call's outcome unknown: no answer, or a
 /// server failure (AWS says such a request may or may not have been
 /// carried out).

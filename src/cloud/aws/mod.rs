@@ -252,15 +252,11 @@ impl AwsProvider {
             .await
             .map_err(|e| self.failed(e, &format!("Auto Scaling group {}", request.group_id)));
         if let Err(e) = set {
-            if doubt::outcome_unknown(&e) {
-                capacity.push(InDoubt {
-                    change: Change::Desired {
-                        group: request.group_id.clone(),
-                        before: desired,
-                    },
-                    sent,
-                });
-            }
+            let change = Change::Desired {
+                group: request.group_id.clone(),
+                before: desired,
+            };
+            doubt::note(&mut capacity, &e, change, sent);
             return Err(e);
         }
         drop(capacity);
@@ -676,14 +672,10 @@ impl CloudProvider for AwsProvider {
                 Err(CloudError::NotFound { .. }) => Ok(()),
                 Err(CloudError::Rejected { message, .. }) if message.contains("not found") => Ok(()),
                 Err(e) => {
-                    if doubt::outcome_unknown(&e) {
-                        capacity.push(InDoubt {
-                            change: Change::Terminate {
-                                instance: id.to_string(),
-                            },
-                            sent,
-                        });
-                    }
+                    let change = Change::Terminate {
+                        instance: id.to_string(),
+                    };
+                    doubt::note(&mut capacity, &e, change, sent);
                     Err(e)
                 }
             }
