@@ -14,14 +14,12 @@
 //! Everything but `node_state` passes straight through. A provider that
 //! asks one by one ([`CloudProvider::states_per_call`] of 1) is not batched.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::{
-    CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup,
-};
+use super::decorator::Decorator;
+use super::{CloudError, CloudFuture, CloudProvider, InstanceState};
 use crate::runtime::sync::lock;
 
 type Answer = oneshot::Sender<Result<InstanceState, CloudError>>;
@@ -98,20 +96,12 @@ fn take_batch(waiting: &mut Vec<(String, Answer)>, per_call: usize) -> Vec<(Stri
     taken
 }
 
-impl CloudProvider for BatchedStates {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Decorator for BatchedStates {
+    fn inner(&self) -> &Arc<dyn CloudProvider> {
+        &self.inner
     }
 
-    fn create_node<'a>(&'a self, request: &'a CreateNodeRequest) -> CloudFuture<'a, CreatedNode> {
-        self.inner.create_node(request)
-    }
-
-    fn delete_node<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, ()> {
-        self.inner.delete_node(provider_id)
-    }
-
-    fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
+    fn state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
         let per_call = self.inner.states_per_call();
         if per_call <= 1 {
             return self.inner.node_state(provider_id);
@@ -133,41 +123,12 @@ impl CloudProvider for BatchedStates {
                 .unwrap_or_else(|_| Err(CloudError::Transport("the state read was dropped".into())))
         })
     }
-
-    fn states_per_call(&self) -> usize {
-        self.inner.states_per_call()
-    }
-
-    fn node_states<'a>(
-        &'a self,
-        provider_ids: &'a [String],
-    ) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
-        self.inner.node_states(provider_ids)
-    }
-
-    fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
-        self.inner.node_image(provider_id)
-    }
-
-    fn node_group<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
-        self.inner.node_group(provider_id)
-    }
-
-    fn group_image<'a>(&'a self, group_id: &'a str) -> CloudFuture<'a, String> {
-        self.inner.group_image(group_id)
-    }
-
-    fn set_group_image<'a>(&'a self, group_id: &'a str, image: &'a str) -> CloudFuture<'a, ()> {
-        self.inner.set_group_image(group_id, image)
-    }
-
-    fn list_groups(&self) -> CloudFuture<'_, Vec<ScalingGroup>> {
-        self.inner.list_groups()
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::cloud::{CreateNodeRequest, CreatedNode, ScalingGroup};
+    use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 

@@ -10,10 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{
-    CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup,
-    states_one_by_one,
-};
+use super::decorator::Decorator;
+use super::{CloudError, CloudFuture, CloudProvider, InstanceState, states_one_by_one};
 use crate::runtime::rate_limiter::TokenBucket;
 use crate::telemetry::Metrics;
 use crate::telemetry::metrics::{CloudErrorLabels, CloudLabels, CloudOperation};
@@ -136,59 +134,25 @@ impl MeteredCloud {
     }
 }
 
-impl CloudProvider for MeteredCloud {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Decorator for MeteredCloud {
+    fn inner(&self) -> &Arc<dyn CloudProvider> {
+        &self.inner
     }
 
-    fn create_node<'a>(&'a self, request: &'a CreateNodeRequest) -> CloudFuture<'a, CreatedNode> {
-        self.measure(CloudOperation::CreateNode, self.inner.create_node(request))
-    }
-
-    fn delete_node<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, ()> {
-        self.measure(CloudOperation::DeleteNode, self.inner.delete_node(provider_id))
-    }
-
-    fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
-        self.measure(CloudOperation::NodeState, self.inner.node_state(provider_id))
-    }
-
-    fn states_per_call(&self) -> usize {
-        self.inner.states_per_call()
-    }
-
-    fn node_states<'a>(
+    fn around<'a, T: Send + 'a>(
         &'a self,
-        provider_ids: &'a [String],
-    ) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
+        operation: CloudOperation,
+        call: impl Fn() -> CloudFuture<'a, T> + Send + 'a,
+    ) -> CloudFuture<'a, T> {
+        self.measure(operation, call())
+    }
+
+    fn states<'a>(&'a self, provider_ids: &'a [String]) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
         if self.inner.states_per_call() <= 1 {
             // One call to the cloud per ID: each is metered and rationed.
             return states_one_by_one(self, provider_ids);
         }
         self.measure(CloudOperation::NodeStates, self.inner.node_states(provider_ids))
-    }
-
-    fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
-        self.measure(CloudOperation::NodeImage, self.inner.node_image(provider_id))
-    }
-
-    fn node_group<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
-        self.measure(CloudOperation::NodeGroup, self.inner.node_group(provider_id))
-    }
-
-    fn group_image<'a>(&'a self, group_id: &'a str) -> CloudFuture<'a, String> {
-        self.measure(CloudOperation::GroupImage, self.inner.group_image(group_id))
-    }
-
-    fn set_group_image<'a>(&'a self, group_id: &'a str, image: &'a str) -> CloudFuture<'a, ()> {
-        self.measure(
-            CloudOperation::SetGroupImage,
-            self.inner.set_group_image(group_id, image),
-        )
-    }
-
-    fn list_groups(&self) -> CloudFuture<'_, Vec<ScalingGroup>> {
-        self.measure(CloudOperation::ListGroups, self.inner.list_groups())
     }
 }
 

@@ -11,6 +11,8 @@
 //! it without changing it. Extension points are request structs and
 //! [`CloudError::Unsupported`], never new trait parameters.
 //!
+//! - [`decorator`]: the base of the wrappers below: each states only what
+//!   it does around a call.
 //! - [`batch`]: a provider wrapper that answers the state reads made at once
 //!   with one call, where the provider can.
 //! - [`error`]: [`CloudError`], what every provider's failures map onto.
@@ -23,6 +25,7 @@
 
 pub mod aws;
 pub mod batch;
+pub mod decorator;
 pub mod error;
 pub mod metered;
 pub mod retry;

@@ -13,13 +13,14 @@
 //! Throttling waits are honoured one layer down, by
 //! [`super::metered::MeteredCloud`]'s shared pause, so this layer wraps it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use super::{CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup};
+use super::decorator::Decorator;
+use super::{CloudFuture, CloudProvider};
+use crate::telemetry::metrics::CloudOperation;
 
 /// How often and how patiently a read is tried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,57 +83,40 @@ impl RetryingCloud {
     }
 }
 
-impl CloudProvider for RetryingCloud {
-    fn name(&self) -> &str {
-        self.inner.name()
+/// Whether a call only reads: only those are retried here.
+fn is_read(operation: CloudOperation) -> bool {
+    match operation {
+        CloudOperation::NodeState
+        | CloudOperation::NodeStates
+        | CloudOperation::NodeImage
+        | CloudOperation::NodeGroup
+        | CloudOperation::GroupImage
+        | CloudOperation::ListGroups => true,
+        CloudOperation::CreateNode | CloudOperation::DeleteNode | CloudOperation::SetGroupImage => false,
+    }
+}
+
+impl Decorator for RetryingCloud {
+    fn inner(&self) -> &Arc<dyn CloudProvider> {
+        &self.inner
     }
 
-    fn create_node<'a>(&'a self, request: &'a CreateNodeRequest) -> CloudFuture<'a, CreatedNode> {
-        self.inner.create_node(request)
-    }
-
-    fn delete_node<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, ()> {
-        self.inner.delete_node(provider_id)
-    }
-
-    fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
-        self.read(move || self.inner.node_state(provider_id))
-    }
-
-    fn states_per_call(&self) -> usize {
-        self.inner.states_per_call()
-    }
-
-    fn node_states<'a>(
+    fn around<'a, T: Send + 'a>(
         &'a self,
-        provider_ids: &'a [String],
-    ) -> CloudFuture<'a, BTreeMap<String, InstanceState>> {
-        self.read(move || self.inner.node_states(provider_ids))
-    }
-
-    fn node_image<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
-        self.read(move || self.inner.node_image(provider_id))
-    }
-
-    fn node_group<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, String> {
-        self.read(move || self.inner.node_group(provider_id))
-    }
-
-    fn group_image<'a>(&'a self, group_id: &'a str) -> CloudFuture<'a, String> {
-        self.read(move || self.inner.group_image(group_id))
-    }
-
-    fn set_group_image<'a>(&'a self, group_id: &'a str, image: &'a str) -> CloudFuture<'a, ()> {
-        self.inner.set_group_image(group_id, image)
-    }
-
-    fn list_groups(&self) -> CloudFuture<'_, Vec<ScalingGroup>> {
-        self.read(move || self.inner.list_groups())
+        operation: CloudOperation,
+        call: impl Fn() -> CloudFuture<'a, T> + Send + 'a,
+    ) -> CloudFuture<'a, T> {
+        if is_read(operation) {
+            self.read(call)
+        } else {
+            call()
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::cloud::{CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup};
     use std::collections::VecDeque;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
