@@ -466,6 +466,55 @@ async fn keep_once(
         .get_opt(&config.secret)
         .await
         .map_err(|e| format!("reading Secret {}: {e}", config.secret))?;
+    if config.certificates == CertSource::CertManager {
+        return serve_cert_managers(found.as_ref(), config, resolver);
+    }
+    let Some(bundle) = own_bundle(&secrets, config, leader, found).await? else {
+        return Ok(Kept::ReadAgain);
+    };
+    if resolver.load(&bundle.tls_cert, &bundle.tls_key)? {
+        tracing::info!(not_after = %bundle.not_after, "serving the webhook's certificate");
+    }
+    if leader.is_leader() {
+        ensure_ca_bundle(client, &config.webhook_configuration, &bundle.ca_cert).await?;
+    }
+    Ok(Kept::Done)
+}
+
+/// Serves the certificate cert-manager wrote in the Secret (cert-manager
+/// also injects the caBundle).
+fn serve_cert_managers(
+    found: Option<&Secret>,
+    config: &AdmissionConfig,
+    resolver: &CertResolver,
+) -> Result<Kept, String> {
+    let text = |k: &str| {
+        found
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get(k))
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+    };
+    let (Some(cert), Some(key)) = (text(certs::TLS_CERT), text(certs::TLS_KEY)) else {
+        return Err(format!(
+            "Secret {} has no tls.crt and tls.key yet (cert-manager writes them)",
+            config.secret
+        ));
+    };
+    if resolver.load(&cert, &key)? {
+        tracing::info!(secret = %config.secret, "serving cert-manager's certificate");
+    }
+    Ok(Kept::Done)
+}
+
+/// The certificates nodewarden keeps itself: made when the Secret is
+/// missing, renewed by the leader when due, else as found. None: another
+/// replica made the Secret first, read it again.
+async fn own_bundle(
+    secrets: &Api<Secret>,
+    config: &AdmissionConfig,
+    leader: &LeaderHandle,
+    found: Option<Secret>,
+) -> Result<Option<CertBundle>, String> {
     let current = found.as_ref().and_then(|s| {
         let data = s
             .data
@@ -475,28 +524,8 @@ async fn keep_once(
             .collect();
         CertBundle::from_secret(&data, s.metadata.annotations.as_ref()?)
     });
-    if config.certificates == CertSource::CertManager {
-        // cert-manager writes the Secret and injects the caBundle.
-        let text = |k: &str| {
-            found
-                .as_ref()
-                .and_then(|s| s.data.as_ref())
-                .and_then(|d| d.get(k))
-                .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        };
-        let (Some(cert), Some(key)) = (text(certs::TLS_CERT), text(certs::TLS_KEY)) else {
-            return Err(format!(
-                "Secret {} has no tls.crt and tls.key yet (cert-manager writes them)",
-                config.secret
-            ));
-        };
-        if resolver.load(&cert, &key)? {
-            tracing::info!(secret = %config.secret, "serving cert-manager's certificate");
-        }
-        return Ok(Kept::Done);
-    }
     let now = Timestamp::now();
-    let bundle = match (found, current) {
+    match (found, current) {
         (None, _) => {
             let made = certs::generate(&config.names, now).map_err(|e| e.to_string())?;
             match secrets
@@ -505,11 +534,11 @@ async fn keep_once(
             {
                 Ok(_) => {
                     tracing::info!(secret = %config.secret, "made the webhook's CA and serving certificate");
-                    made
+                    Ok(Some(made))
                 }
                 // Another replica made it first: serve its certificate.
-                Err(kube::Error::Api(s)) if s.code == 409 => return Ok(Kept::ReadAgain),
-                Err(e) => return Err(format!("creating Secret {}: {e}", config.secret)),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+                Err(e) => Err(format!("creating Secret {}: {e}", config.secret)),
             }
         }
         (Some(s), current)
@@ -532,23 +561,14 @@ async fn keep_once(
                 .await
                 .map_err(|e| format!("renewing Secret {}: {e}", config.secret))?;
             tracing::info!(secret = %config.secret, not_after = %next.not_after, "renewed the webhook's serving certificate");
-            next
+            Ok(Some(next))
         }
-        (Some(_), Some(b)) => b,
-        (Some(_), None) => {
-            return Err(format!(
-                "Secret {} is incomplete; the leader writes it anew",
-                config.secret
-            ));
-        }
-    };
-    if resolver.load(&bundle.tls_cert, &bundle.tls_key)? {
-        tracing::info!(not_after = %bundle.not_after, "serving the webhook's certificate");
+        (Some(_), Some(b)) => Ok(Some(b)),
+        (Some(_), None) => Err(format!(
+            "Secret {} is incomplete; the leader writes it anew",
+            config.secret
+        )),
     }
-    if leader.is_leader() {
-        ensure_ca_bundle(client, &config.webhook_configuration, &bundle.ca_cert).await?;
-    }
-    Ok(Kept::Done)
 }
 
 fn secret(config: &AdmissionConfig, bundle: &CertBundle, resource_version: Option<String>) -> Secret {

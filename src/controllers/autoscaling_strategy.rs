@@ -209,74 +209,77 @@ pub fn plan(f: &Facts) -> Plan {
             requeue: Some(MISSING_REQUEUE),
         };
     };
-    let mut steps = Vec::new();
-    match &deployment.container {
-        None => configured(
-            false,
-            "NoContainer",
-            format!(
-                "Deployment {}/{} has no container to run the autoscaler in",
-                f.spec.deployment_namespace, f.spec.deployment_name
-            ),
-        ),
-        Some((name, current)) => {
-            let command = command_line(current, &f.wanted.args);
-            if *current != command {
-                steps.push(Step::Command {
-                    container: name.clone(),
-                    command,
-                });
-            }
-            if f.wanted.left_out.is_empty() {
-                configured(true, "Configured", given(&f.wanted.groups));
-            } else {
-                let why: Vec<String> = f
-                    .wanted
-                    .left_out
-                    .iter()
-                    .map(|(group, why)| format!("ScalingGroup {group}: {why}"))
-                    .collect();
-                configured(
-                    false,
-                    "GroupsLeftOut",
-                    format!(
-                        "left out of the autoscaler: {}; {}",
-                        why.join("; "),
-                        given(&f.wanted.groups)
-                    ),
-                );
-            }
-        }
-    }
+    let (status, reason, message, command) = configuration(f, deployment);
+    configured(status, reason, message);
+    let mut steps: Vec<Step> = command.into_iter().collect();
     let current = deployment.replicas;
-    if f.spec.enabled {
+    let (next, scale) = if f.spec.enabled {
         let target = if current > 0 {
             current
         } else {
             remembered.unwrap_or(DEFAULT_REPLICAS)
         };
-        if current != target {
-            steps.push(Step::Scale(target));
-        }
-        let next = AutoscalingStrategyStatus {
-            enabled: true,
-            replicas: target,
-            conditions,
-        };
-        steps.extend(status_step(&prev, f.status.is_some(), next));
+        (
+            AutoscalingStrategyStatus {
+                enabled: true,
+                replicas: target,
+                conditions,
+            },
+            (current != target).then_some(Step::Scale(target)),
+        )
     } else {
-        let remember = remembered.unwrap_or(current.max(0));
-        let next = AutoscalingStrategyStatus {
-            enabled: false,
-            replicas: remember,
-            conditions,
-        };
-        steps.extend(status_step(&prev, f.status.is_some(), next));
-        if current != 0 {
-            steps.push(Step::Scale(0));
-        }
+        (
+            AutoscalingStrategyStatus {
+                enabled: false,
+                replicas: remembered.unwrap_or(current.max(0)),
+                conditions,
+            },
+            (current != 0).then_some(Step::Scale(0)),
+        )
+    };
+    let report = status_step(&prev, f.status.is_some(), next);
+    // Resuming scales before it reports; pausing reports (remembers the
+    // count) before it scales.
+    if f.spec.enabled {
+        steps.extend(scale);
+        steps.extend(report);
+    } else {
+        steps.extend(report);
+        steps.extend(scale);
     }
     Plan { steps, requeue: None }
+}
+
+/// The Configured condition (status, reason, message) for an existing
+/// Deployment, and the change of the container's command it needs, if any.
+fn configuration(f: &Facts, deployment: &AutoscalerDeployment) -> (bool, &'static str, String, Option<Step>) {
+    let Some((name, current)) = &deployment.container else {
+        let message = format!(
+            "Deployment {}/{} has no container to run the autoscaler in",
+            f.spec.deployment_namespace, f.spec.deployment_name
+        );
+        return (false, "NoContainer", message, None);
+    };
+    let command = command_line(current, &f.wanted.args);
+    let change = (*current != command).then(|| Step::Command {
+        container: name.clone(),
+        command,
+    });
+    if f.wanted.left_out.is_empty() {
+        return (true, "Configured", given(&f.wanted.groups), change);
+    }
+    let why: Vec<String> = f
+        .wanted
+        .left_out
+        .iter()
+        .map(|(group, why)| format!("ScalingGroup {group}: {why}"))
+        .collect();
+    let message = format!(
+        "left out of the autoscaler: {}; {}",
+        why.join("; "),
+        given(&f.wanted.groups)
+    );
+    (false, "GroupsLeftOut", message, change)
 }
 
 fn given(groups: &[String]) -> String {
@@ -397,6 +400,91 @@ impl AutoscalingStrategyReconciler {
     }
 }
 
+/// The object versions the next write is conditioned on: each write's
+/// answer gives the next.
+struct Versions {
+    strategy: Option<String>,
+    deployment: Option<String>,
+}
+
+impl AutoscalingStrategyReconciler {
+    async fn apply(
+        &self,
+        strategy: &AutoscalingStrategy,
+        step: &Step,
+        versions: &mut Versions,
+    ) -> Result<()> {
+        let spec = &strategy.spec;
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &spec.deployment_namespace);
+        let target = format!("{}/{}", spec.deployment_namespace, spec.deployment_name);
+        match step {
+            Step::Status(status) => {
+                // Conditioned on the version the plan was computed from:
+                // a remembered count is never replaced on a stale view.
+                // Explicit values: the type omits false and 0, which a
+                // merge patch would read as "leave as is".
+                let patch = json!({
+                    "metadata": {"resourceVersion": versions.strategy},
+                    "status": {
+                        "enabled": status.enabled,
+                        "replicas": status.replicas,
+                        "conditions": status.conditions,
+                    },
+                });
+                let strategies: Api<AutoscalingStrategy> = Api::all(self.client.clone());
+                let patched = strategies
+                    .patch_status(
+                        &strategy.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await?;
+                versions.strategy = patched.resource_version();
+            }
+            Step::Scale(replicas) => {
+                let patch = json!({
+                    "metadata": {"resourceVersion": versions.deployment},
+                    "spec": {"replicas": replicas},
+                });
+                self.leader.ensure_leader()?;
+                let patched = deployments
+                    .patch(
+                        &spec.deployment_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await?;
+                versions.deployment = patched.resource_version();
+                tracing::info!(strategy = %strategy.name_any(), deployment = %target, replicas, "scaled the autoscaler");
+            }
+            Step::Command { container, command } => {
+                // Strategic merge: the container is matched by name and
+                // only its command is replaced; the rest stays as written.
+                let patch = json!({
+                    "metadata": {"resourceVersion": versions.deployment},
+                    "spec": {"template": {"spec": {"containers": [
+                        {"name": container, "command": command},
+                    ]}}},
+                });
+                self.leader.ensure_leader()?;
+                let patched = deployments
+                    .patch(
+                        &spec.deployment_name,
+                        &PatchParams::default(),
+                        &Patch::Strategic(&patch),
+                    )
+                    .await?;
+                versions.deployment = patched.resource_version();
+                let note = format!("{target} runs {}", command.join(" "));
+                tracing::info!(strategy = %strategy.name_any(), deployment = %target, command = %command.join(" "), "configured the autoscaler");
+                let e = event(EventType::Normal, "AutoscalerConfigured", "Configure", &note);
+                spawn_event(&self.recorder, e, strategy.object_ref(&()));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Reconciler for AutoscalingStrategyReconciler {
     type Object = AutoscalingStrategy;
     type Error = Error;
@@ -433,75 +521,12 @@ impl Reconciler for AutoscalingStrategyReconciler {
             wanted: &wanted,
             now: Timestamp::now(),
         });
-        let strategies: Api<AutoscalingStrategy> = Api::all(self.client.clone());
-        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &spec.deployment_namespace);
-        let target = format!("{}/{}", spec.deployment_namespace, spec.deployment_name);
-        let mut strategy_version = strategy.resource_version();
-        let mut deployment_version = deployment.as_deref().and_then(|d| d.resource_version());
+        let mut versions = Versions {
+            strategy: strategy.resource_version(),
+            deployment: deployment.as_deref().and_then(|d| d.resource_version()),
+        };
         for step in &plan.steps {
-            match step {
-                Step::Status(status) => {
-                    // Conditioned on the version the plan was computed from:
-                    // a remembered count is never replaced on a stale view.
-                    // Explicit values: the type omits false and 0, which a
-                    // merge patch would read as "leave as is".
-                    let patch = json!({
-                        "metadata": {"resourceVersion": strategy_version},
-                        "status": {
-                            "enabled": status.enabled,
-                            "replicas": status.replicas,
-                            "conditions": status.conditions,
-                        },
-                    });
-                    let patched = strategies
-                        .patch_status(
-                            &strategy.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await?;
-                    strategy_version = patched.resource_version();
-                }
-                Step::Scale(replicas) => {
-                    let patch = json!({
-                        "metadata": {"resourceVersion": deployment_version},
-                        "spec": {"replicas": replicas},
-                    });
-                    self.leader.ensure_leader()?;
-                    let patched = deployments
-                        .patch(
-                            &spec.deployment_name,
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await?;
-                    deployment_version = patched.resource_version();
-                    tracing::info!(strategy = %strategy.name_any(), deployment = %target, replicas, "scaled the autoscaler");
-                }
-                Step::Command { container, command } => {
-                    // Strategic merge: the container is matched by name and
-                    // only its command is replaced; the rest stays as written.
-                    let patch = json!({
-                        "metadata": {"resourceVersion": deployment_version},
-                        "spec": {"template": {"spec": {"containers": [
-                            {"name": container, "command": command},
-                        ]}}},
-                    });
-                    self.leader.ensure_leader()?;
-                    let patched = deployments
-                        .patch(
-                            &spec.deployment_name,
-                            &PatchParams::default(),
-                            &Patch::Strategic(&patch),
-                        )
-                        .await?;
-                    deployment_version = patched.resource_version();
-                    let note = format!("{target} runs {}", command.join(" "));
-                    tracing::info!(strategy = %strategy.name_any(), deployment = %target, command = %command.join(" "), "configured the autoscaler");
-                    let e = event(EventType::Normal, "AutoscalerConfigured", "Configure", &note);
-                    spawn_event(&self.recorder, e, strategy.object_ref(&()));
-                }
-            }
+            self.apply(&strategy, step, &mut versions).await?;
         }
         Ok(plan.requeue.map_or(Action::Done, Action::RequeueAfter))
     }

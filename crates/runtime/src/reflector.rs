@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::Resource;
-use kube::api::{Api, ListParams, VersionMatch, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, ObjectList, VersionMatch, WatchEvent, WatchParams};
 use rand::Rng;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -283,45 +283,12 @@ where
 
     /// A paged list into the store. Returns the list's resourceVersion.
     async fn list(&self, from: &ListFrom) -> Result<String, Stop> {
-        let mut params = ListParams {
-            label_selector: self.config.label_selector.clone(),
-            field_selector: self.config.field_selector.clone(),
-            limit: Some(self.config.page_size),
-            ..ListParams::default()
-        };
-        match from {
-            ListFrom::First if self.config.first_list == FirstList::Cached => {
-                params.resource_version = Some("0".into());
-                params.limit = None;
-            }
-            ListFrom::First => {}
-            ListFrom::NotOlderThan(rv) => {
-                params.resource_version = Some(rv.clone());
-                params.version_match = Some(VersionMatch::NotOlderThan);
-            }
-            ListFrom::Consistent => {}
-        }
+        let mut params = self.list_params(from);
         let mut objects = Vec::new();
         let mut list_rv = None;
         let listing = Instant::now();
         loop {
-            let page = match tokio::time::timeout(self.config.idle_timeout, self.api.list(&params)).await {
-                Err(_) => {
-                    self.stats.stalls.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(reflector = %self.name, after = ?self.config.idle_timeout, "list did not answer");
-                    return Err(Stop::Failed);
-                }
-                Ok(Ok(page)) => page,
-                Ok(Err(e)) if is_gone(&e) => {
-                    self.stats.expired.fetch_add(1, Ordering::Relaxed);
-                    return Err(Stop::Gone);
-                }
-                Ok(Err(e)) => {
-                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(reflector = %self.name, error = %e, "list failed");
-                    return Err(Stop::Failed);
-                }
-            };
+            let page = self.list_page(&params).await?;
             if list_rv.is_none() {
                 list_rv = page.metadata.resource_version.clone();
             }
@@ -346,6 +313,58 @@ where
             return Err(Stop::Failed);
         };
         let count = objects.len();
+        self.replace_all(objects);
+        tracing::debug!(reflector = %self.name, count, resource_version = %list_rv, took = ?listing.elapsed(), "listed");
+        Ok(list_rv)
+    }
+
+    /// The first page's parameters for a list from `from`.
+    fn list_params(&self, from: &ListFrom) -> ListParams {
+        let mut params = ListParams {
+            label_selector: self.config.label_selector.clone(),
+            field_selector: self.config.field_selector.clone(),
+            limit: Some(self.config.page_size),
+            ..ListParams::default()
+        };
+        match from {
+            ListFrom::First if self.config.first_list == FirstList::Cached => {
+                params.resource_version = Some("0".into());
+                params.limit = None;
+            }
+            ListFrom::First => {}
+            ListFrom::NotOlderThan(rv) => {
+                params.resource_version = Some(rv.clone());
+                params.version_match = Some(VersionMatch::NotOlderThan);
+            }
+            ListFrom::Consistent => {}
+        }
+        params
+    }
+
+    /// One page of a list, or why the list stops (counted).
+    async fn list_page(&self, params: &ListParams) -> Result<ObjectList<K>, Stop> {
+        match tokio::time::timeout(self.config.idle_timeout, self.api.list(params)).await {
+            Err(_) => {
+                self.stats.stalls.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(reflector = %self.name, after = ?self.config.idle_timeout, "list did not answer");
+                Err(Stop::Failed)
+            }
+            Ok(Ok(page)) => Ok(page),
+            Ok(Err(e)) if is_gone(&e) => {
+                self.stats.expired.fetch_add(1, Ordering::Relaxed);
+                Err(Stop::Gone)
+            }
+            Ok(Err(e)) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(reflector = %self.name, error = %e, "list failed");
+                Err(Stop::Failed)
+            }
+        }
+    }
+
+    /// Replaces the store's contents with a whole list, emitting what
+    /// changed since the last one, and marks the store synced.
+    fn replace_all(&self, objects: Vec<(ObjectKey, Arc<K>)>) {
         let changed = self.writer.replace(objects);
         for obj in changed.deleted {
             self.emit(&Event::Deleted(obj));
@@ -360,8 +379,6 @@ where
         }
         self.writer.mark_synced();
         self.stats.lists.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(reflector = %self.name, count, resource_version = %list_rv, took = ?listing.elapsed(), "listed");
-        Ok(list_rv)
     }
 
     /// Watches from `last_rv`, re-watching when a watch ends, until a 410 or
