@@ -58,10 +58,11 @@ chaos seeds="1 2 3 4 5 6 7 8 9 10":
     done
     exit $failed
 
-# shellcheck (pinned, cached outside the repository) on the e2e and CI scripts and the scripts nodewarden ships (src); no import cycle between the library's modules; rustfmt check and clippy with warnings denied.
+# shellcheck (pinned, cached outside the repository) on the e2e and CI scripts and the scripts nodewarden ships (src); no import cycle between the library's modules; no function of 80 lines or more outside the tests and the pure planners; rustfmt check and clippy with warnings denied.
 lint:
     e2e/tools/shellcheck.sh --external-sources $(find e2e src -name '*.sh' | sort) .ci/run
     python3 e2e/tools/module-cycles.py src
+    python3 e2e/tools/function-length.py src crates
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
 
