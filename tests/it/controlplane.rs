@@ -16,22 +16,9 @@ use serde_json::json;
 async fn twenty_kwok_nodes_become_ready() {
     let env = TestEnv::new("nodes-ready").await;
     let names = env.create_kwok_nodes(20, &[("pool", "a")]).await;
+    env.wait_for_nodes("Ready", 20, node_is_ready).await;
     let nodes: Api<Node> = Api::all(env.client.clone());
     let selector = env.run_selector();
-    wait_for("20 kwok nodes to be Ready", Duration::from_secs(60), || async {
-        match nodes.list(&ListParams::default().labels(&selector)).await {
-            Ok(list) => {
-                let ready = list.items.iter().filter(|n| node_is_ready(n)).count();
-                if list.items.len() == 20 && ready == 20 {
-                    Probe::Done(())
-                } else {
-                    Probe::NotYet(format!("{} nodes, {ready} Ready", list.items.len()))
-                }
-            }
-            Err(e) => Probe::NotYet(seen(e)),
-        }
-    })
-    .await;
     // Every node we asked for is there, under the name we gave it.
     let listed: Vec<String> = nodes
         .list(&ListParams::default().labels(&selector))
@@ -55,38 +42,13 @@ async fn scheduler_places_a_deployment_on_kwok_nodes() {
     // Ready yet (or whose not-ready taint is not lifted yet) is filtered out,
     // and 10 pods created a moment after the nodes all landed on the one
     // node that was.
-    let node_api: Api<Node> = Api::all(env.client.clone());
-    let selector = env.run_selector();
-    wait_for(
-        "the 5 nodes to be Ready and untainted",
-        Duration::from_secs(60),
-        || async {
-            match node_api.list(&ListParams::default().labels(&selector)).await {
-                Ok(list) => {
-                    let schedulable = list
-                        .items
-                        .iter()
-                        .filter(|n| node_is_ready(n))
-                        .filter(|n| {
-                            n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| {
-                                t.iter()
-                                    .all(|t| t.effect != "NoSchedule" && t.effect != "NoExecute")
-                            })
-                        })
-                        .count();
-                    if schedulable == 5 {
-                        Probe::Done(())
-                    } else {
-                        Probe::NotYet(format!(
-                            "{} nodes, {schedulable} Ready and untainted",
-                            list.items.len()
-                        ))
-                    }
-                }
-                Err(e) => Probe::NotYet(seen(e)),
-            }
-        },
-    )
+    env.wait_for_nodes("Ready and untainted", 5, |n| {
+        node_is_ready(n)
+            && n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_none_or(|t| {
+                t.iter()
+                    .all(|t| t.effect != "NoSchedule" && t.effect != "NoExecute")
+            })
+    })
     .await;
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
     // Only this test's nodes: parallel tests have kwok nodes too.

@@ -75,6 +75,32 @@ impl TestEnv {
         format!("{RUN_LABEL}={}", self.id)
     }
 
+    /// Waits up to a minute until `count` of this run's nodes pass `judge`
+    /// (Ready, say: [`node_is_ready`](super::node_is_ready)); `what` names
+    /// them in the wait's messages.
+    pub async fn wait_for_nodes(&self, what: &str, count: usize, judge: impl Fn(&Node) -> bool) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let selector = self.run_selector();
+        super::wait_for(
+            &format!("{count} nodes to be {what}"),
+            std::time::Duration::from_secs(60),
+            || async {
+                match nodes.list(&ListParams::default().labels(&selector)).await {
+                    Ok(list) => {
+                        let passing = list.items.iter().filter(|n| judge(n)).count();
+                        if passing == count {
+                            super::Probe::Done(())
+                        } else {
+                            super::Probe::NotYet(format!("{} nodes, {passing} {what}", list.items.len()))
+                        }
+                    }
+                    Err(e) => super::Probe::NotYet(super::seen(e)),
+                }
+            },
+        )
+        .await;
+    }
+
     /// Creates `count` Nodes that kwok will run (it marks them Ready and runs
     /// their pods), labelled with the run id and `labels`. Returns their names.
     pub async fn create_kwok_nodes(&self, count: usize, labels: &[(&str, &str)]) -> Vec<String> {

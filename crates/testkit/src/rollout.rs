@@ -401,20 +401,7 @@ pub async fn setup_with(
     }).collect::<Vec<_>>()});
     let sim = SimCloud::start_with_config(&serde_json::to_string(&config).expect("json")).await;
     let total: usize = groups.iter().map(|g| g.2).sum();
-    let nodes: Api<Node> = Api::all(env.client.clone());
-    let selector = env.run_selector();
-    wait_for(
-        "the initial nodes to be Ready",
-        Duration::from_secs(60),
-        || async {
-            match nodes.list(&ListParams::default().labels(&selector)).await {
-                Ok(l) if l.items.iter().filter(|n| node_is_ready(n)).count() == total => Probe::Done(()),
-                Ok(l) => Probe::NotYet(format!("{} nodes", l.items.len())),
-                Err(e) => Probe::NotYet(seen(e)),
-            }
-        },
-    )
-    .await;
+    env.wait_for_nodes("Ready", total, node_is_ready).await;
     let ids: Vec<(String, &'static str)> = groups.iter().map(|(id, role, _)| (id.clone(), *role)).collect();
     create_node_version(&env, &ids, "img-1").await;
     Rollout { env, sim, groups }
