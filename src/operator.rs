@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cloud::CloudProvider;
 use crate::cloud::batch::BatchedStates;
-use crate::cloud::metered::{MeteredCloud, Ration};
+use crate::cloud::metered::{CloudMetrics, MeteredCloud, Ration};
 use crate::cloud::retry::{RetryPolicy, RetryingCloud};
 use crate::controllers::node_maintenance::MaintenanceConfig;
 use crate::controllers::{App, register_all, scaling_group};
@@ -100,7 +100,7 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
         // once share one attempt; reads are retried above that.
         let metered = Arc::new(MeteredCloud::rationed(
             cloud,
-            metrics.clone(),
+            CloudMetrics::register(&metrics),
             config.cloud_ration,
         ));
         let batched = Arc::new(BatchedStates::new(metered));
@@ -155,6 +155,7 @@ fn register_admission(
         ))
     }));
     let client = manager.client().clone();
+    let metrics = crate::admission::metrics::WebhookMetrics::register(&metrics);
     manager.add_task(Box::new(move |_, stop| {
         Box::pin(server::serve(client, config, limits, metrics, resolver, stop))
     }));

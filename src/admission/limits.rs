@@ -11,8 +11,8 @@ use http::StatusCode;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Body;
 
+use super::metrics::WebhookRefusal;
 use crate::http::ConnLimits;
-use crate::telemetry::metrics::WebhookRefusal;
 
 /// The largest request body read. kube-apiserver takes request bodies of up
 /// to 3 MiB (twice etcd's 1.5 MiB request limit, JSON being larger than the

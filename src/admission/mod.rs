@@ -18,6 +18,7 @@
 
 pub mod certs;
 pub mod limits;
+pub mod metrics;
 pub mod review;
 pub mod rules;
 pub mod server;

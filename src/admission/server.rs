@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::certs::{self, CertBundle};
 use super::limits::{self, Limits, Refusal};
+use super::metrics::{WebhookMetrics, WebhookRefusal};
 use super::review::{self, Reviewed};
 use super::rules::{self, ControlPlane, EtcdPlacement, EtcdPod, MaintenanceCreate};
 use super::{AdmissionConfig, CertSource};
@@ -36,8 +37,6 @@ use crate::api::node_maintenance::{MaintenanceObject, MaintenancePhase, kubevirt
 use crate::api::update::NodeVersion;
 use crate::http::conn::{self, Slots, Timeout};
 use crate::runtime::leader::LeaderHandle;
-use crate::telemetry::Metrics;
-use crate::telemetry::metrics::WebhookRefusal;
 
 /// The serving certificate in use; swapped when the Secret changes.
 #[derive(Debug, Default)]
@@ -83,7 +82,7 @@ pub async fn serve(
     client: Client,
     config: AdmissionConfig,
     limits: Limits,
-    metrics: Metrics,
+    metrics: WebhookMetrics,
     resolver: Arc<CertResolver>,
     stop: CancellationToken,
 ) {
@@ -103,7 +102,7 @@ async fn serve_on(
     client: Client,
     config: AdmissionConfig,
     limits: Limits,
-    metrics: Metrics,
+    metrics: WebhookMetrics,
     resolver: Arc<CertResolver>,
     stop: CancellationToken,
 ) {
@@ -119,7 +118,7 @@ async fn serve_on(
     };
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    metrics.webhook_serving();
+    metrics.serving();
     let webhook = Arc::new(Webhook {
         client,
         node_selector: config.node_selector.clone(),
@@ -164,7 +163,7 @@ struct Webhook {
     limits: Limits,
     /// One permit per review in progress.
     reviews: Arc<Semaphore>,
-    metrics: Metrics,
+    metrics: WebhookMetrics,
 }
 
 impl Webhook {
@@ -173,7 +172,7 @@ impl Webhook {
             reason = reason.as_str(),
             "webhook refused a connection or request"
         );
-        self.metrics.count_webhook_refusal(reason);
+        self.metrics.count(reason);
     }
 
     /// Answers the requests of one connection until it ends.
@@ -641,7 +640,7 @@ mod tests {
     struct Served {
         addr: SocketAddr,
         tls: tokio_rustls::TlsConnector,
-        metrics: Metrics,
+        metrics: WebhookMetrics,
         stop: CancellationToken,
     }
 
@@ -676,7 +675,10 @@ mod tests {
         let client = Client::try_from(kube::Config::new(format!("http://{api}").parse().expect("a URL")))
             .expect("a client");
         let config = AdmissionConfig::in_namespace(addr, "test");
-        let (metrics, stop) = (Metrics::new(), CancellationToken::new());
+        let (metrics, stop) = (
+            WebhookMetrics::register(&crate::telemetry::Metrics::new()),
+            CancellationToken::new(),
+        );
         tokio::spawn(serve_on(
             listener,
             client,
@@ -742,10 +744,7 @@ mod tests {
         }
 
         fn refused(&self, reason: WebhookRefusal) -> u64 {
-            self.metrics
-                .webhook_refusals
-                .get_or_create(&crate::telemetry::metrics::RefusalLabels { reason })
-                .get()
+            self.metrics.refused(reason)
         }
 
         /// The count of `reason` once it reached `expected` (a connection

@@ -8,7 +8,54 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup};
-use crate::telemetry::metrics::CloudOperation;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+
+/// A cloud provider call, the `operation` label of the cloud metrics: one
+/// per method of `CloudProvider`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum CloudOperation {
+    /// `create_node`
+    CreateNode,
+    /// `delete_node`
+    DeleteNode,
+    /// `node_state`
+    NodeState,
+    /// `node_states` (many instances in one call)
+    NodeStates,
+    /// `node_image`
+    NodeImage,
+    /// `node_group`
+    NodeGroup,
+    /// `group_image`
+    GroupImage,
+    /// `set_group_image`
+    SetGroupImage,
+    /// `list_groups`
+    ListGroups,
+}
+
+impl CloudOperation {
+    /// The label text: the `CloudProvider` method's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloudOperation::CreateNode => "create_node",
+            CloudOperation::DeleteNode => "delete_node",
+            CloudOperation::NodeState => "node_state",
+            CloudOperation::NodeStates => "node_states",
+            CloudOperation::NodeImage => "node_image",
+            CloudOperation::NodeGroup => "node_group",
+            CloudOperation::GroupImage => "group_image",
+            CloudOperation::SetGroupImage => "set_group_image",
+            CloudOperation::ListGroups => "list_groups",
+        }
+    }
+}
+
+impl EncodeLabelValue for CloudOperation {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
 
 /// A provider that wraps another (see the module docs).
 pub trait Decorator: Send + Sync {

@@ -13,8 +13,14 @@ use tokio::time::Instant;
 use super::decorator::Decorator;
 use super::{CloudError, CloudFuture, CloudProvider, InstanceState, states_one_by_one};
 use crate::runtime::rate_limiter::TokenBucket;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+use super::decorator::CloudOperation;
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::{CloudErrorLabels, CloudLabels, CloudOperation};
+use crate::telemetry::metrics::HistogramFamily;
 
 /// The default ration of cloud calls: 10 a second, bursts of 20.
 pub const DEFAULT_QPS: f64 = 10.0;
@@ -47,10 +53,69 @@ impl Ration {
     }
 }
 
+/// Label set of `cloud_request_duration_seconds`: which provider, which call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloudLabels {
+    /// The cloud provider's name.
+    pub provider: String,
+    /// The provider call.
+    pub operation: CloudOperation,
+}
+
+/// Label set of `cloud_errors`: which provider, which call, which kind of failure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloudErrorLabels {
+    /// The cloud provider's name.
+    pub provider: String,
+    /// The provider call.
+    pub operation: CloudOperation,
+    /// The cloud error's kind (`CloudErrorKind::as_str`).
+    pub category: &'static str,
+}
+
+/// The figures of the cloud calls: latency by operation, failures by kind.
+#[derive(Clone)]
+pub struct CloudMetrics {
+    duration: HistogramFamily<CloudLabels>,
+    errors: Family<CloudErrorLabels, Counter>,
+}
+
+impl CloudMetrics {
+    /// The families, registered with `metrics` (once per process).
+    pub fn register(metrics: &Metrics) -> Self {
+        let duration: HistogramFamily<CloudLabels> = Family::new_with_constructor(|| {
+            // 5 ms .. ~80 s
+            Histogram::new(exponential_buckets(0.005, 2.0, 15))
+        });
+        let errors = Family::default();
+        metrics.register(
+            "cloud_request_duration_seconds",
+            "Latency of cloud provider calls, by provider and operation",
+            duration.clone(),
+        );
+        metrics.register(
+            "cloud_errors",
+            "Failed cloud provider calls, by provider, operation and error category",
+            errors.clone(),
+        );
+        CloudMetrics { duration, errors }
+    }
+
+    /// The latency series of one provider call (made at zero if new).
+    pub fn duration(&self, labels: &CloudLabels) -> Histogram {
+        self.duration.get_or_create_owned(labels)
+    }
+
+    /// The failure count of one provider call and kind (made at zero if new).
+    pub fn errors(&self, labels: &CloudErrorLabels) -> Counter {
+        self.errors.get_or_create_owned(labels)
+    }
+}
+
 /// Measures and rations the calls to a provider (see the module docs).
 pub struct MeteredCloud {
     inner: Arc<dyn CloudProvider>,
-    metrics: Metrics,
+    metrics: CloudMetrics,
     bucket: TokenBucket,
     /// No call before this: the cloud asked us to wait.
     paused_until: Mutex<Option<Instant>>,
@@ -58,12 +123,12 @@ pub struct MeteredCloud {
 
 impl MeteredCloud {
     /// Meters `inner` at [`DEFAULT_QPS`].
-    pub fn new(inner: Arc<dyn CloudProvider>, metrics: Metrics) -> Self {
+    pub fn new(inner: Arc<dyn CloudProvider>, metrics: CloudMetrics) -> Self {
         Self::rationed(inner, metrics, Ration::default())
     }
 
     /// Meters `inner` at `ration`.
-    pub fn rationed(inner: Arc<dyn CloudProvider>, metrics: Metrics, ration: Ration) -> Self {
+    pub fn rationed(inner: Arc<dyn CloudProvider>, metrics: CloudMetrics, ration: Ration) -> Self {
         MeteredCloud {
             inner,
             metrics,
@@ -109,8 +174,7 @@ impl MeteredCloud {
             }
             let provider = self.inner.name().to_string();
             self.metrics
-                .cloud_duration
-                .get_or_create(&CloudLabels {
+                .duration(&CloudLabels {
                     provider: provider.clone(),
                     operation,
                 })
@@ -124,8 +188,7 @@ impl MeteredCloud {
 
     fn record_error(&self, provider: String, operation: CloudOperation, error: &CloudError) {
         self.metrics
-            .cloud_errors
-            .get_or_create(&CloudErrorLabels {
+            .errors(&CloudErrorLabels {
                 provider,
                 operation,
                 category: error.kind().as_str(),
@@ -158,7 +221,23 @@ impl Decorator for MeteredCloud {
 
 #[cfg(test)]
 mod tests {
-    use super::Ration;
+    use super::{CloudErrorLabels, CloudMetrics, CloudOperation, Metrics, Ration};
+
+    #[test]
+    fn cloud_failures_are_labelled_by_call_and_kind() {
+        let metrics = Metrics::new();
+        let cloud = CloudMetrics::register(&metrics);
+        cloud
+            .errors(&CloudErrorLabels {
+                provider: "p".into(),
+                operation: CloudOperation::SetGroupImage,
+                category: "invalid_provider_id",
+            })
+            .inc();
+        let text = metrics.encode();
+        let line = r#"nodewarden_cloud_errors_total{provider="p",operation="set_group_image",category="invalid_provider_id"} 1"#;
+        assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+    }
 
     #[test]
     fn a_ration_must_let_calls_through() {

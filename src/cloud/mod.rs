@@ -36,6 +36,7 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+pub use decorator::CloudOperation;
 pub use error::CloudError;
 
 /// What every provider call returns: a boxed future, so the trait stays

@@ -18,9 +18,8 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use super::decorator::Decorator;
+use super::decorator::{CloudOperation, Decorator};
 use super::{CloudFuture, CloudProvider};
-use crate::telemetry::metrics::CloudOperation;
 
 /// How often and how patiently a read is tried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

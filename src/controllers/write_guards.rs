@@ -69,14 +69,14 @@ const CLOUD_ANSWER: &str = "records the cloud's answer to a PendingNode's create
 const WRITES: &[(&str, &str, &str, Guard)] = &[
     (
         "controllers/autoscaling_strategy.rs",
-        "reconcile",
+        "apply",
         ".patch_status(",
         ResourceVersion,
     ),
     // The Deployment's scale and command.
     (
         "controllers/autoscaling_strategy.rs",
-        "reconcile",
+        "apply",
         ".patch(",
         ResourceVersion,
     ),

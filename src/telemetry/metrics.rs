@@ -1,8 +1,8 @@
 //! The process's Prometheus metrics, registered once at start-up and served
 //! at `/metrics` in OpenMetrics text.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -15,11 +15,12 @@ use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::runtime::error::Category;
 use crate::runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use crate::runtime::reflector::ReflectorStats;
+use crate::runtime::sync::lock;
 
 /// Implements `EncodeLabelValue` with the type's `as_str`. The derive would
 /// export each variant's Rust name (`UpToDate`, `KubeApi`), not the label
@@ -37,15 +38,7 @@ macro_rules! label_value_from_as_str {
 // A reconcile error's Category (the runtime's, also the Event reason) and a
 // cloud error's kind are labelled by their text: neither the runtime nor
 // cloud/ needs prometheus_client, and telemetry imports neither's types.
-label_value_from_as_str!(
-    NodeState,
-    DrainResult,
-    CloudOperation,
-    PlanNodeState,
-    JobResult,
-    PlanFailure,
-    WebhookRefusal,
-);
+label_value_from_as_str!(NodeState, DrainResult, PlanNodeState, JobResult, PlanFailure,);
 
 /// A node's state in a rollout, the `state` label of `nodes`.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -87,47 +80,6 @@ impl DrainResult {
         match self {
             DrainResult::Succeeded => "succeeded",
             DrainResult::Failed => "failed",
-        }
-    }
-}
-
-/// A cloud provider call, the `operation` label of the cloud metrics: one
-/// per method of `CloudProvider`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum CloudOperation {
-    /// `create_node`
-    CreateNode,
-    /// `delete_node`
-    DeleteNode,
-    /// `node_state`
-    NodeState,
-    /// `node_states` (many instances in one call)
-    NodeStates,
-    /// `node_image`
-    NodeImage,
-    /// `node_group`
-    NodeGroup,
-    /// `group_image`
-    GroupImage,
-    /// `set_group_image`
-    SetGroupImage,
-    /// `list_groups`
-    ListGroups,
-}
-
-impl CloudOperation {
-    /// The label text: the `CloudProvider` method's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloudOperation::CreateNode => "create_node",
-            CloudOperation::DeleteNode => "delete_node",
-            CloudOperation::NodeState => "node_state",
-            CloudOperation::NodeStates => "node_states",
-            CloudOperation::NodeImage => "node_image",
-            CloudOperation::NodeGroup => "node_group",
-            CloudOperation::GroupImage => "group_image",
-            CloudOperation::SetGroupImage => "set_group_image",
-            CloudOperation::ListGroups => "list_groups",
         }
     }
 }
@@ -202,67 +154,6 @@ impl PlanFailure {
             PlanFailure::JobFailed => "JobFailed",
         }
     }
-}
-
-/// Why the admission webhook refused a connection or a request, the `reason`
-/// label of `webhook_requests_refused`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum WebhookRefusal {
-    /// A body over the limit, declared or read (413).
-    BodyTooLarge,
-    /// A body that is no AdmissionReview, or could not be read (400).
-    BadRequest,
-    /// A connection past the cap, closed at once.
-    TooManyConnections,
-    /// A review past the cap of reviews at once (429).
-    TooManyRequests,
-    /// A connection whose TLS handshake did not finish in time.
-    HandshakeTimeout,
-    /// A connection that sent no complete request head in time.
-    HeaderTimeout,
-    /// A body that did not arrive in time (408).
-    BodyTimeout,
-    /// A review that took longer than the whole request may (503).
-    RequestTimeout,
-    /// A client that did not read its answer in time.
-    WriteTimeout,
-}
-
-impl WebhookRefusal {
-    /// Every reason, in the order the metric's series are made.
-    pub const ALL: [WebhookRefusal; 9] = [
-        WebhookRefusal::BodyTooLarge,
-        WebhookRefusal::BadRequest,
-        WebhookRefusal::TooManyConnections,
-        WebhookRefusal::TooManyRequests,
-        WebhookRefusal::HandshakeTimeout,
-        WebhookRefusal::HeaderTimeout,
-        WebhookRefusal::BodyTimeout,
-        WebhookRefusal::RequestTimeout,
-        WebhookRefusal::WriteTimeout,
-    ];
-
-    /// The label text, e.g. `body_too_large`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WebhookRefusal::BodyTooLarge => "body_too_large",
-            WebhookRefusal::BadRequest => "bad_request",
-            WebhookRefusal::TooManyConnections => "too_many_connections",
-            WebhookRefusal::TooManyRequests => "too_many_requests",
-            WebhookRefusal::HandshakeTimeout => "handshake_timeout",
-            WebhookRefusal::HeaderTimeout => "header_timeout",
-            WebhookRefusal::BodyTimeout => "body_timeout",
-            WebhookRefusal::RequestTimeout => "request_timeout",
-            WebhookRefusal::WriteTimeout => "write_timeout",
-        }
-    }
-}
-
-/// Label set of `webhook_requests_refused`: why.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RefusalLabels {
-    /// Why the webhook refused.
-    pub reason: WebhookRefusal,
 }
 
 /// Label set of `sip_hosts`: the SIPCluster, a role and a state.
@@ -364,26 +255,6 @@ pub struct ResultLabels {
     pub result: DrainResult,
 }
 
-/// Label set of `cloud_request_duration_seconds`: which provider, which call.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CloudLabels {
-    /// The cloud provider's name.
-    pub provider: String,
-    /// The provider call.
-    pub operation: CloudOperation,
-}
-
-/// Label set of `cloud_errors`: which provider, which call, which kind of failure.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CloudErrorLabels {
-    /// The cloud provider's name.
-    pub provider: String,
-    /// The provider call.
-    pub operation: CloudOperation,
-    /// The cloud error's kind (`CloudErrorKind::as_str`).
-    pub category: &'static str,
-}
-
 /// Label set of every queue metric: the queue's name.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueueLabels {
@@ -391,7 +262,8 @@ pub struct QueueLabels {
     pub name: String,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+/// A family of histograms made with one bucket layout.
+pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// client-go's work-queue metrics, one series per queue name.
 #[derive(Clone, Debug)]
@@ -506,15 +378,12 @@ fn drain_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 13))
 }
 
-fn cloud_histogram() -> Histogram {
-    // 5 ms .. ~80 s
-    Histogram::new(exponential_buckets(0.005, 2.0, 15))
-}
-
 /// Every metric nodewarden exports. Cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
-    registry: Arc<Registry>,
+    /// Behind a lock: the parts of nodewarden register their own families
+    /// as they start (see [`Metrics::register`]).
+    registry: Arc<Mutex<Registry>>,
     /// Work-queue figures, one series per queue.
     pub queue: QueueFamilies,
     /// Reconciles run, by controller.
@@ -539,10 +408,6 @@ pub struct Metrics {
     pub drains_running: Gauge,
     /// Drains with at least one pod a PodDisruptionBudget keeps.
     pub drains_blocked: Gauge,
-    /// Latency of cloud provider calls, by provider and operation.
-    pub cloud_duration: HistogramFamily<CloudLabels>,
-    /// Failed cloud provider calls, by provider, operation and error category.
-    pub cloud_errors: Family<CloudErrorLabels, Counter>,
     /// Selected nodes of each Plan by state (set by the leader).
     pub plan_nodes: Family<PlanNodeLabels, Gauge>,
     /// Upgrade Jobs from their node entering the job phase to the Job's end.
@@ -553,8 +418,6 @@ pub struct Metrics {
     pub sip_hosts: Family<SipHostLabels, Gauge>,
     /// Failed active hosts replaced, by SIPCluster and role.
     pub sip_host_replacements: Family<SipRoleLabels, Counter>,
-    /// Connections and requests the admission webhook refused, by reason.
-    pub webhook_refusals: Family<RefusalLabels, Counter>,
     /// Every reflector's counters, read at each scrape.
     reflectors: Reflectors,
 }
@@ -575,13 +438,11 @@ impl Metrics {
         metrics.register_reconcile(&mut registry);
         metrics.register_rollout(&mut registry);
         metrics.register_drain(&mut registry);
-        metrics.register_cloud(&mut registry);
         metrics.register_plan(&mut registry);
         metrics.register_sip(&mut registry);
-        metrics.register_webhook(&mut registry);
         registry.register_collector(Box::new(metrics.reflectors.clone()));
         Metrics {
-            registry: Arc::new(registry),
+            registry: Arc::new(Mutex::new(registry)),
             ..metrics
         }
     }
@@ -603,14 +464,11 @@ impl Metrics {
             drain_duration: Family::new_with_constructor(drain_histogram),
             drains_running: Gauge::default(),
             drains_blocked: Gauge::default(),
-            cloud_duration: Family::new_with_constructor(cloud_histogram),
-            cloud_errors: Family::default(),
             plan_nodes: Family::default(),
             plan_job_duration: Family::new_with_constructor(job_histogram),
             plan_failures: Family::default(),
             sip_hosts: Family::default(),
             sip_host_replacements: Family::default(),
-            webhook_refusals: Family::default(),
             reflectors: Reflectors::default(),
         }
     }
@@ -682,20 +540,6 @@ impl Metrics {
         );
     }
 
-    /// Cloud provider calls.
-    fn register_cloud(&self, registry: &mut Registry) {
-        registry.register(
-            "cloud_request_duration_seconds",
-            "Latency of cloud provider calls, by provider and operation",
-            self.cloud_duration.clone(),
-        );
-        registry.register(
-            "cloud_errors",
-            "Failed cloud provider calls, by provider, operation and error category",
-            self.cloud_errors.clone(),
-        );
-    }
-
     /// In-place upgrade Plans.
     fn register_plan(&self, registry: &mut Registry) {
         registry.register(
@@ -729,28 +573,11 @@ impl Metrics {
         );
     }
 
-    /// The admission webhook.
-    fn register_webhook(&self, registry: &mut Registry) {
-        registry.register(
-            "webhook_requests_refused",
-            "Connections and requests the admission webhook refused or cut off, by reason",
-            self.webhook_refusals.clone(),
-        );
-    }
-
-    /// Every refusal reason's series, at zero: a replica serving the webhook
-    /// exports them from the start, so a rate or an alert sees the first one.
-    pub fn webhook_serving(&self) {
-        for reason in WebhookRefusal::ALL {
-            drop(self.webhook_refusals.get_or_create(&RefusalLabels { reason }));
-        }
-    }
-
-    /// Counts one refusal of the webhook.
-    pub fn count_webhook_refusal(&self, reason: WebhookRefusal) {
-        self.webhook_refusals
-            .get_or_create(&RefusalLabels { reason })
-            .inc();
+    /// Registers a family that a part of nodewarden keeps itself (a
+    /// controller's or the cloud's own figures), under the `nodewarden_`
+    /// prefix. Each part registers its families once, as it starts.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        lock(&self.registry).register(name, help, metric);
     }
 
     /// Sets a SIPCluster's host counts of one role.
@@ -823,7 +650,7 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &lock(&self.registry));
         out
     }
 }
@@ -1008,13 +835,6 @@ mod tests {
                 .observe(1.0);
         }
         m.failed("c", Category::KubeApi);
-        m.cloud_errors
-            .get_or_create(&CloudErrorLabels {
-                provider: "p".into(),
-                operation: CloudOperation::SetGroupImage,
-                category: "invalid_provider_id",
-            })
-            .inc();
         m.set_plan_nodes("ns", "p", |s| {
             PlanNodeState::ALL.iter().position(|x| *x == s).unwrap_or(0)
         });
@@ -1030,8 +850,6 @@ mod tests {
                 reason: PlanFailure::DrainFailed,
             })
             .inc();
-        m.webhook_serving();
-        m.count_webhook_refusal(WebhookRefusal::BodyTooLarge);
         let text = m.encode();
         for line in [
             r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="upgraded"} 0"#,
@@ -1046,10 +864,6 @@ mod tests {
             r#"nodewarden_drain_duration_seconds_count{result="succeeded"} 1"#,
             r#"nodewarden_drain_duration_seconds_count{result="failed"} 1"#,
             r#"nodewarden_reconcile_errors_total{controller="c",category="KubeApiError"} 1"#,
-            r#"nodewarden_cloud_errors_total{provider="p",operation="set_group_image",category="invalid_provider_id"} 1"#,
-            r#"nodewarden_webhook_requests_refused_total{reason="body_too_large"} 1"#,
-            r#"nodewarden_webhook_requests_refused_total{reason="too_many_connections"} 0"#,
-            r#"nodewarden_webhook_requests_refused_total{reason="handshake_timeout"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }

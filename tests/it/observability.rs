@@ -13,14 +13,16 @@ use crate::support::manifests::{
 };
 use kube::ResourceExt;
 use kube::api::DynamicObject;
+use nodewarden::admission::metrics::WebhookMetrics;
+use nodewarden::cloud::CloudOperation;
 use nodewarden::cloud::error::CloudErrorKind;
+use nodewarden::cloud::metered::{CloudErrorLabels, CloudLabels, CloudMetrics};
 use nodewarden::runtime::error::Category;
 use nodewarden::runtime::rate_limiter::default_rate_limiter;
 use nodewarden::runtime::workqueue::WorkQueue;
 use nodewarden::telemetry::metrics::{
-    CloudErrorLabels, CloudLabels, CloudOperation, ControllerLabels, DrainResult, ErrorLabels, JobResult,
-    JobResultLabels, Metrics, NodeState, NodeStateLabels, NodeVersionLabels, PlanFailure, PlanFailureLabels,
-    ResultLabels, SipRoleLabels,
+    ControllerLabels, DrainResult, ErrorLabels, JobResult, JobResultLabels, Metrics, NodeState,
+    NodeStateLabels, NodeVersionLabels, PlanFailure, PlanFailureLabels, ResultLabels, SipRoleLabels,
 };
 use serde_json::{Value, json};
 
@@ -400,15 +402,18 @@ fn populated_metrics() -> Metrics {
     metrics.drain_duration.get_or_create_owned(&ResultLabels {
         result: DrainResult::Succeeded,
     });
-    metrics.cloud_duration.get_or_create_owned(&CloudLabels {
+    // The families the cloud and the webhook register as they start.
+    let cloud = CloudMetrics::register(&metrics);
+    cloud.duration(&CloudLabels {
         provider: "probe".into(),
         operation: CloudOperation::CreateNode,
     });
-    metrics.cloud_errors.get_or_create_owned(&CloudErrorLabels {
+    cloud.errors(&CloudErrorLabels {
         provider: "probe".into(),
         operation: CloudOperation::CreateNode,
         category: CloudErrorKind::Server.as_str(),
     });
+    WebhookMetrics::register(&metrics).serving();
     metrics.set_plan_nodes("probe", "probe", |_| 0);
     metrics.plan_job_duration.get_or_create_owned(&JobResultLabels {
         result: JobResult::Succeeded,
