@@ -100,7 +100,7 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
         // once share one attempt; reads are retried above that.
         let metered = Arc::new(MeteredCloud::rationed(
             cloud,
-            CloudMetrics::register(&metrics),
+            CloudMetrics::register(metrics),
             config.cloud_ration,
         ));
         let batched = Arc::new(BatchedStates::new(metered));
