@@ -225,12 +225,14 @@ async fn run(scenario: Scenario, command: &str) {
     let replicas = Replicas::start_with_env(
         1,
         &env,
-        &kubeconfig,
-        &format!("nodewarden-{}", env.id),
-        &jaeger.otlp_endpoint,
-        &["--sim-cloud", &sim.sim.addr],
+        Shared {
+            kubeconfig: &kubeconfig,
+            lease_name: &format!("nodewarden-{}", env.id),
+            otlp_endpoint: &jaeger.otlp_endpoint,
+            extra: &["--sim-cloud", &sim.sim.addr],
+            logs: &dir,
+        },
         &[("RUST_LOG".into(), log)],
-        &dir,
     );
     settled(&env, scenario.nodes).await;
 

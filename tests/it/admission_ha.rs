@@ -29,12 +29,14 @@ async fn standbys_keep_answering_admission_while_the_leader_is_killed() {
     let replicas = Replicas::start_with_env(
         3,
         &env,
-        &kubeconfig,
-        &lease_name,
-        "",
-        &[],
+        Shared {
+            kubeconfig: &kubeconfig,
+            lease_name: &lease_name,
+            otlp_endpoint: "",
+            extra: &[],
+            logs: &dir,
+        },
         &[(SERVE_WEBHOOK.into(), "1".into())],
-        &dir,
     );
     let ports: Vec<u16> = replicas
         .webhook

@@ -50,12 +50,14 @@ impl Webhook {
         let replicas = Replicas::start_with_env(
             1,
             env,
-            &kubeconfig,
-            &format!("nodewarden-{}", env.id),
-            "",
-            extra,
+            Shared {
+                kubeconfig: &kubeconfig,
+                lease_name: &format!("nodewarden-{}", env.id),
+                otlp_endpoint: "",
+                extra,
+                logs: &dir,
+            },
             &[(SERVE_WEBHOOK.into(), "1".into())],
-            &dir,
         );
         let identity = replicas.identities().remove(0);
         let port = replicas.webhook.as_ref().expect("webhook ports")[&identity];

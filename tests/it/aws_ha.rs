@@ -120,7 +120,18 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let envs: Vec<(String, String)> = shipped_env.into_iter().collect();
-    let replicas = Replicas::start_with_env(3, &env, &kubeconfig, &lease_name, "", &args, &envs, &dir);
+    let replicas = Replicas::start_with_env(
+        3,
+        &env,
+        Shared {
+            kubeconfig: &kubeconfig,
+            lease_name: &lease_name,
+            otlp_endpoint: "",
+            extra: &args,
+            logs: &dir,
+        },
+        &envs,
+    );
     wait_for("a leader", Duration::from_secs(30), || async {
         match holder(&leases, &lease_name).await {
             Some(h) => Probe::Done(h),

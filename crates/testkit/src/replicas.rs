@@ -132,6 +132,16 @@ pub const TEST_ELECTION: [&str; 6] = [
     "0.5",
 ];
 
+/// What every replica of a test shares: its kubeconfig, its lease, where
+/// its traces go, the arguments added to `nodewarden run`, where it logs.
+pub struct Shared<'a> {
+    pub kubeconfig: &'a Path,
+    pub lease_name: &'a str,
+    pub otlp_endpoint: &'a str,
+    pub extra: &'a [&'a str],
+    pub logs: &'a Path,
+}
+
 pub struct Replicas {
     pub args: Vec<String>,
     /// The election flags; empty for production's defaults.
@@ -166,28 +176,32 @@ impl Replicas {
         Replicas::start_with_env(
             count,
             env,
-            kubeconfig,
-            lease_name,
-            otlp_endpoint,
-            extra,
+            Shared {
+                kubeconfig,
+                lease_name,
+                otlp_endpoint,
+                extra,
+                logs,
+            },
             &[],
-            logs,
         )
     }
 
     /// As [`Replicas::start`], with `extra_env` set in every replica's
     /// environment (after the defaults, so it wins).
-    #[allow(clippy::too_many_arguments)]
     pub fn start_with_env(
         count: usize,
         env: &super::TestEnv,
-        kubeconfig: &Path,
-        lease_name: &str,
-        otlp_endpoint: &str,
-        extra: &[&str],
+        shared: Shared,
         extra_env: &[(String, String)],
-        logs: &Path,
     ) -> Replicas {
+        let Shared {
+            kubeconfig,
+            lease_name,
+            otlp_endpoint,
+            extra,
+            logs,
+        } = shared;
         let mut replicas = Replicas::new(env, kubeconfig, lease_name, otlp_endpoint, extra, extra_env, logs);
         replicas.spawn_all(count, env);
         replicas

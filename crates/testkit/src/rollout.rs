@@ -40,23 +40,34 @@ impl Breaches {
     }
 }
 
+/// What the checker shares with its [`Checker`]: the surge it allows (set
+/// with the rollout's), the breaches it found, the peak surge it saw.
+#[derive(Clone)]
+pub struct Tallies {
+    pub surge: Arc<Mutex<usize>>,
+    pub breaches: Arc<Breaches>,
+    pub peak: Arc<std::sync::atomic::AtomicUsize>,
+}
+
 /// Watches the cluster and checks the rollout invariants on every
 /// change, as it happens: never more nodes than `base + surge` counting
 /// instances on their way (invariant 1); a node disappears only while its heir
 /// is Ready (invariant 2, judged on the node's last state, which the deletion
 /// event carries); the Deployments' budgets hold (invariant 3).
-#[allow(clippy::too_many_arguments)] // the Checker's shared state, each its own handle
 pub async fn check(
     client: Client,
     env_id: String,
     namespace: String,
     base: usize,
-    surge: Arc<Mutex<usize>>,
-    breaches: Arc<Breaches>,
-    peak: Arc<std::sync::atomic::AtomicUsize>,
+    tallies: Tallies,
     stop: CancellationToken,
     sim: Option<SimProvider>,
 ) {
+    let Tallies {
+        surge,
+        breaches,
+        peak,
+    } = tallies;
     let selector = format!("{RUN_LABEL}={env_id}");
     let config = ReflectorConfig {
         label_selector: Some(selector.clone()),
@@ -288,9 +299,11 @@ impl Checker {
             env.id.clone(),
             env.namespace.clone(),
             base,
-            surge.clone(),
-            breaches.clone(),
-            peak.clone(),
+            Tallies {
+                surge: surge.clone(),
+                breaches: breaches.clone(),
+                peak: peak.clone(),
+            },
             stop.clone(),
             sim,
         ));
