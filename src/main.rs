@@ -14,7 +14,6 @@ use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::controllers::plan::PlanConfig;
 use nodewarden::operator::{self, OperatorConfig};
 use nodewarden::runtime::leader::LeaderElectionConfig;
-use nodewarden::simcloud::SimCloudArgs;
 use nodewarden::upgrade::job::{self, JobDefaults};
 use tokio_util::sync::CancellationToken;
 
@@ -38,8 +37,6 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinition YAML of every resource nodewarden defines.
     Crds,
-    /// Run a simulated cloud (scaling groups whose instances join as kwok Nodes) for tests.
-    SimCloud(SimCloudArgs),
     /// Draw a rollout from Jaeger's traces as one HTML page: a row per replaced
     /// node with its phases, the leader changes, replacements in progress.
     Timeline(TimelineArgs),
@@ -106,7 +103,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 8)]
     workers: usize,
     /// Replace outdated nodes through the simulated cloud at this address
-    /// (`nodewarden sim-cloud`); without a cloud only maintenance runs.
+    /// (`nodewarden-simcloud`); without a cloud only maintenance runs.
     #[arg(long, env = "NODEWARDEN_SIM_CLOUD")]
     sim_cloud: Option<String>,
     /// The cloud that replaces nodes: `sim` (needs --sim-cloud), `aws`, or `none`
@@ -306,12 +303,6 @@ fn main() -> anyhow::Result<()> {
             result
         }
         Command::Crds => print_crds(),
-        Command::SimCloud(args) => {
-            nodewarden::telemetry::init_logging(cli.log_json, None);
-            tokio::runtime::Runtime::new()
-                .context("starting the async runtime")?
-                .block_on(sim_cloud(args))
-        }
         Command::Timeline(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -456,42 +447,12 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        nodewarden::signal::wait().await;
         tracing::info!("signal received: shutting down gracefully");
         signals.cancel();
     });
     operator::run(client, config, shutdown).await?;
     Ok(())
-}
-
-/// `nodewarden sim-cloud`: serves until SIGTERM or Ctrl-C (its state is
-/// saved on every change, so stopping needs no care).
-async fn sim_cloud(args: SimCloudArgs) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
-    let signals = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        signals.cancel();
-    });
-    nodewarden::simcloud::run(args, shutdown).await?;
-    Ok(())
-}
-
-/// SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops gracefully");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 fn parse_lookback(s: &str) -> Result<Duration, String> {

@@ -181,4 +181,3 @@ pub struct CreatedNode {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
 }
-
