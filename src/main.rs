@@ -1,4 +1,4 @@
-//! The `nodewarden` binary: the operator and its tools.
+//! The `nodewarden` binary: the operator (the tools are binaries of their own).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -37,31 +37,6 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinition YAML of every resource nodewarden defines.
     Crds,
-    /// Draw a rollout from Jaeger's traces as one HTML page: a row per replaced
-    /// node with its phases, the leader changes, replacements in progress.
-    Timeline(TimelineArgs),
-}
-
-#[derive(Args)]
-struct TimelineArgs {
-    /// Jaeger's query API (where its UI would be), e.g. http://127.0.0.1:16686.
-    #[arg(long)]
-    jaeger: String,
-    /// The service name nodewarden's spans carry (OTEL_SERVICE_NAME).
-    #[arg(long, default_value = "nodewarden")]
-    service: String,
-    /// How far back to look for traces, e.g. 30m, 2h, 1d.
-    #[arg(long, default_value = "2h", value_parser = parse_lookback)]
-    lookback: Duration,
-    /// The rollout to draw (its trace id); default: the latest one.
-    #[arg(long)]
-    rollout: Option<String>,
-    /// Draw the maxSurge line at this many nodes (default: as the rollout span recorded it).
-    #[arg(long)]
-    max_surge: Option<u32>,
-    /// Where to write the page.
-    #[arg(long, default_value = "rollout-timeline.html")]
-    out: std::path::PathBuf,
 }
 
 #[derive(Args)]
@@ -303,11 +278,6 @@ fn main() -> anyhow::Result<()> {
             result
         }
         Command::Crds => print_crds(),
-        Command::Timeline(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?
-            .block_on(timeline(args)),
     }
 }
 
@@ -453,100 +423,6 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
     });
     operator::run(client, config, shutdown).await?;
     Ok(())
-}
-
-fn parse_lookback(s: &str) -> Result<Duration, String> {
-    let span: jiff::Span = s
-        .parse()
-        .map_err(|e| format!("not a duration such as 30m, 2h or 1d: {e}"))?;
-    // A lookback is no calendar arithmetic: a day is 24 hours.
-    let d = span
-        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
-        .map_err(|e| format!("{s}: {e}"))?;
-    Duration::try_from(d).map_err(|_| "must not be negative".to_string())
-}
-
-/// `nodewarden timeline`: fetches the `replace node` and `rollout` traces
-/// of the lookback window and writes the page.
-async fn timeline(args: TimelineArgs) -> anyhow::Result<()> {
-    use nodewarden::telemetry::timeline;
-    use nodewarden::telemetry::trace::{REPLACE_NODE, ROLLOUT};
-    // Jaeger reads start and end (µs); it ignores a `lookback` parameter.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .context("the clock is before 1970")?;
-    let end = u64::try_from(now.as_micros()).context("the clock is too far ahead")?;
-    let start = end.saturating_sub(u64::try_from(args.lookback.as_micros()).unwrap_or(u64::MAX));
-    let base = args.jaeger.trim_end_matches('/');
-    let mut traces = Vec::new();
-    for operation in [REPLACE_NODE, ROLLOUT] {
-        let uri = format!(
-            "{base}{}",
-            timeline::traces_query(&args.service, operation, start, end, 10_000)
-        );
-        let body = http_get(&uri).await?;
-        traces.extend(timeline::parse_traces(&body).with_context(|| format!("GET {uri}"))?);
-    }
-    let drawn = timeline::build(
-        &traces,
-        &timeline::Options {
-            rollout: args.rollout,
-            max_surge: args.max_surge,
-        },
-    );
-    std::fs::write(&args.out, timeline::render(&drawn))
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    println!(
-        "{}: {} replaced node{}, {} leader change{}{}",
-        args.out.display(),
-        drawn.rows.len(),
-        if drawn.rows.len() == 1 { "" } else { "s" },
-        drawn.leader_changes.len(),
-        if drawn.leader_changes.len() == 1 { "" } else { "s" },
-        drawn
-            .rollout_id
-            .as_ref()
-            .map(|id| format!(" (rollout trace {id})"))
-            .unwrap_or_default()
-    );
-    if !drawn.other_rollouts.is_empty() {
-        println!(
-            "other rollouts in the window (--rollout ID): {}",
-            drawn.other_rollouts.join(", ")
-        );
-    }
-    Ok(())
-}
-
-/// GET `uri` (http or https): the body, or why not.
-async fn http_get(uri: &str) -> anyhow::Result<String> {
-    use http_body_util::{BodyExt, Empty};
-    let parsed: http::Uri = uri.parse().with_context(|| format!("{uri} is not a URL"))?;
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_native_roots()
-        .context("loading the system's TLS roots")?
-        .https_or_http()
-        .enable_http1()
-        .build();
-    let client: hyper_util::client::legacy::Client<_, Empty<bytes::Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https);
-    let response = tokio::time::timeout(Duration::from_secs(60), client.get(parsed))
-        .await
-        .with_context(|| format!("GET {uri}: no answer within 60 s"))?
-        .with_context(|| format!("GET {uri}"))?;
-    let status = response.status();
-    let body = tokio::time::timeout(Duration::from_secs(60), response.into_body().collect())
-        .await
-        .with_context(|| format!("GET {uri}: the answer did not finish within 60 s"))?
-        .with_context(|| format!("reading the answer of {uri}"))?
-        .to_bytes();
-    let text = String::from_utf8_lossy(&body).into_owned();
-    anyhow::ensure!(
-        status.is_success(),
-        "GET {uri}: {status} {}",
-        text.chars().take(300).collect::<String>()
-    );
-    Ok(text)
 }
 
 fn print_crds() -> anyhow::Result<()> {
