@@ -340,9 +340,20 @@ fn webhook_limits(args: &RunArgs) -> anyhow::Result<limits::Limits> {
     Ok(l)
 }
 
-async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
-    let cloud = cloud(&args).await?;
-    let admission = args.webhook_addr.map(|addr| {
+/// This replica's part in the leader election, from the `--lease-*`,
+/// `--renew-deadline` and `--retry-period` flags.
+fn leader_election(args: &RunArgs, identity: String) -> anyhow::Result<LeaderElectionConfig> {
+    let mut leader =
+        LeaderElectionConfig::new(args.lease_namespace.clone(), args.lease_name.clone(), identity);
+    leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
+    leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
+    leader.retry_period = seconds(args.retry_period, "retry-period")?;
+    Ok(leader)
+}
+
+/// The admission webhook `--webhook-addr` asks for, if it does.
+fn admission(args: &RunArgs) -> Option<nodewarden::admission::AdmissionConfig> {
+    args.webhook_addr.map(|addr| {
         let mut a = nodewarden::admission::AdmissionConfig::in_namespace(addr, &args.lease_namespace);
         a.secret = args.webhook_secret.clone();
         a.webhook_configuration = args.webhook_configuration.clone();
@@ -352,13 +363,54 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             a.certificates = nodewarden::admission::CertSource::CertManager;
         }
         a
-    });
+    })
+}
+
+/// The etcd client `--etcd-endpoints` asks for, if it does.
+fn etcd(args: &RunArgs) -> anyhow::Result<Option<nodewarden::etcd::EtcdConfig>> {
+    if args.etcd_endpoints.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(nodewarden::etcd::EtcdConfig {
+        endpoints: args.etcd_endpoints.clone(),
+        ca: args.etcd_ca.clone(),
+        cert: args.etcd_cert.clone(),
+        key: args.etcd_key.clone(),
+        timeout: seconds(args.etcd_timeout, "etcd-timeout")?,
+    }))
+}
+
+/// How upgrade Plans are run, from the `--plan-*` flags.
+fn plans(args: &RunArgs) -> anyhow::Result<PlanConfig> {
+    Ok(PlanConfig {
+        namespace: args.plan_namespace.clone(),
+        channel_poll: args.plan_channel_poll,
+        settle: seconds(args.plan_settle, "plan-settle")?,
+        jobs: JobDefaults {
+            active_deadline_secs: args.plan_job_deadline,
+            backoff_limit: args.plan_job_backoff_limit,
+            ttl_after_finished_secs: args.plan_job_ttl,
+            privileged: args.plan_job_privileged,
+            image_pull_policy: args.plan_job_image_pull_policy.clone(),
+            active_deadline_max_secs: args.plan_job_deadline_max,
+            controller_name: args.plan_controller_name.clone(),
+            pod_replacement_policy: args.plan_job_pod_replacement_policy.clone(),
+        },
+        ..Default::default()
+    })
+}
+
+async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
+    let cloud = cloud(&args).await?;
+    let admission = admission(&args);
     let webhook_limits = webhook_limits(&args)?;
-    let mut leader = LeaderElectionConfig::new(args.lease_namespace, args.lease_name, identity);
-    leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
-    leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
-    leader.retry_period = seconds(args.retry_period, "retry-period")?;
+    let leader = leader_election(&args, identity)?;
     let client = nodewarden::client::build(args.kubeconfig.as_deref()).await?;
+    // Checked once the client is built: a missing kubeconfig is reported first.
+    let cloud_ration = Ration::new(args.cloud_qps, args.cloud_burst)
+        .context("--cloud-qps and --cloud-burst must be positive")?;
+    let etcd = etcd(&args)?;
+    let plans = plans(&args)?;
     let config = OperatorConfig {
         leader,
         http_addr: args.http_addr,
@@ -370,19 +422,9 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         },
         workers: args.workers,
         cloud,
-        cloud_ration: Ration::new(args.cloud_qps, args.cloud_burst)
-            .context("--cloud-qps and --cloud-burst must be positive")?,
+        cloud_ration,
         discover_scaling_groups: args.discover_scaling_groups,
-        etcd: match args.etcd_endpoints.is_empty() {
-            true => None,
-            false => Some(nodewarden::etcd::EtcdConfig {
-                endpoints: args.etcd_endpoints,
-                ca: args.etcd_ca,
-                cert: args.etcd_cert,
-                key: args.etcd_key,
-                timeout: seconds(args.etcd_timeout, "etcd-timeout")?,
-            }),
-        },
+        etcd,
         admission,
         webhook_limits,
         bare_metal: match args.sip.as_str() {
@@ -397,22 +439,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             join_timeout: args.rollout_join_timeout,
             drain_timeout: args.rollout_drain_timeout,
         },
-        plans: PlanConfig {
-            namespace: args.plan_namespace,
-            channel_poll: args.plan_channel_poll,
-            settle: seconds(args.plan_settle, "plan-settle")?,
-            jobs: JobDefaults {
-                active_deadline_secs: args.plan_job_deadline,
-                backoff_limit: args.plan_job_backoff_limit,
-                ttl_after_finished_secs: args.plan_job_ttl,
-                privileged: args.plan_job_privileged,
-                image_pull_policy: args.plan_job_image_pull_policy,
-                active_deadline_max_secs: args.plan_job_deadline_max,
-                controller_name: args.plan_controller_name,
-                pod_replacement_policy: args.plan_job_pod_replacement_policy,
-            },
-            ..Default::default()
-        },
+        plans,
     };
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
