@@ -174,11 +174,11 @@ fn now_micros() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// The rollout that began at `began` (µs) as `nodewarden timeline` draws it:
+/// The rollout that began at `began` (µs) as `nodewarden-timeline` draws it:
 /// a page to look at where each wave's time went.
 async fn write_timeline(jaeger: &Jaeger, began: u64, page: &std::path::Path) {
-    use nodewarden::telemetry::timeline;
     use nodewarden::telemetry::trace::{REPLACE_NODE, ROLLOUT};
+    use nodewarden_timeline as timeline;
     let mut traces = Vec::new();
     for operation in [REPLACE_NODE, ROLLOUT] {
         let query = timeline::traces_query("nodewarden", operation, began, now_micros(), 10_000);

@@ -1,4 +1,4 @@
-//! The `nodewarden` binary: the operator and its tools.
+//! The `nodewarden` binary: the operator (the tools are binaries of their own).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,7 +14,6 @@ use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::controllers::plan::PlanConfig;
 use nodewarden::operator::{self, OperatorConfig};
 use nodewarden::runtime::leader::LeaderElectionConfig;
-use nodewarden::simcloud::SimCloudArgs;
 use nodewarden::upgrade::job::{self, JobDefaults};
 use tokio_util::sync::CancellationToken;
 
@@ -38,33 +37,6 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinition YAML of every resource nodewarden defines.
     Crds,
-    /// Run a simulated cloud (scaling groups whose instances join as kwok Nodes) for tests.
-    SimCloud(SimCloudArgs),
-    /// Draw a rollout from Jaeger's traces as one HTML page: a row per replaced
-    /// node with its phases, the leader changes, replacements in progress.
-    Timeline(TimelineArgs),
-}
-
-#[derive(Args)]
-struct TimelineArgs {
-    /// Jaeger's query API (where its UI would be), e.g. http://127.0.0.1:16686.
-    #[arg(long)]
-    jaeger: String,
-    /// The service name nodewarden's spans carry (OTEL_SERVICE_NAME).
-    #[arg(long, default_value = "nodewarden")]
-    service: String,
-    /// How far back to look for traces, e.g. 30m, 2h, 1d.
-    #[arg(long, default_value = "2h", value_parser = parse_lookback)]
-    lookback: Duration,
-    /// The rollout to draw (its trace id); default: the latest one.
-    #[arg(long)]
-    rollout: Option<String>,
-    /// Draw the maxSurge line at this many nodes (default: as the rollout span recorded it).
-    #[arg(long)]
-    max_surge: Option<u32>,
-    /// Where to write the page.
-    #[arg(long, default_value = "rollout-timeline.html")]
-    out: std::path::PathBuf,
 }
 
 #[derive(Args)]
@@ -106,7 +78,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 8)]
     workers: usize,
     /// Replace outdated nodes through the simulated cloud at this address
-    /// (`nodewarden sim-cloud`); without a cloud only maintenance runs.
+    /// (`nodewarden-simcloud`); without a cloud only maintenance runs.
     #[arg(long, env = "NODEWARDEN_SIM_CLOUD")]
     sim_cloud: Option<String>,
     /// The cloud that replaces nodes: `sim` (needs --sim-cloud), `aws`, or `none`
@@ -306,17 +278,6 @@ fn main() -> anyhow::Result<()> {
             result
         }
         Command::Crds => print_crds(),
-        Command::SimCloud(args) => {
-            nodewarden::telemetry::init_logging(cli.log_json, None);
-            tokio::runtime::Runtime::new()
-                .context("starting the async runtime")?
-                .block_on(sim_cloud(args))
-        }
-        Command::Timeline(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?
-            .block_on(timeline(args)),
     }
 }
 
@@ -379,9 +340,20 @@ fn webhook_limits(args: &RunArgs) -> anyhow::Result<limits::Limits> {
     Ok(l)
 }
 
-async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
-    let cloud = cloud(&args).await?;
-    let admission = args.webhook_addr.map(|addr| {
+/// This replica's part in the leader election, from the `--lease-*`,
+/// `--renew-deadline` and `--retry-period` flags.
+fn leader_election(args: &RunArgs, identity: String) -> anyhow::Result<LeaderElectionConfig> {
+    let mut leader =
+        LeaderElectionConfig::new(args.lease_namespace.clone(), args.lease_name.clone(), identity);
+    leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
+    leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
+    leader.retry_period = seconds(args.retry_period, "retry-period")?;
+    Ok(leader)
+}
+
+/// The admission webhook `--webhook-addr` asks for, if it does.
+fn admission(args: &RunArgs) -> Option<nodewarden::admission::AdmissionConfig> {
+    args.webhook_addr.map(|addr| {
         let mut a = nodewarden::admission::AdmissionConfig::in_namespace(addr, &args.lease_namespace);
         a.secret = args.webhook_secret.clone();
         a.webhook_configuration = args.webhook_configuration.clone();
@@ -391,13 +363,54 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             a.certificates = nodewarden::admission::CertSource::CertManager;
         }
         a
-    });
+    })
+}
+
+/// The etcd client `--etcd-endpoints` asks for, if it does.
+fn etcd(args: &RunArgs) -> anyhow::Result<Option<nodewarden::etcd::EtcdConfig>> {
+    if args.etcd_endpoints.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(nodewarden::etcd::EtcdConfig {
+        endpoints: args.etcd_endpoints.clone(),
+        ca: args.etcd_ca.clone(),
+        cert: args.etcd_cert.clone(),
+        key: args.etcd_key.clone(),
+        timeout: seconds(args.etcd_timeout, "etcd-timeout")?,
+    }))
+}
+
+/// How upgrade Plans are run, from the `--plan-*` flags.
+fn plans(args: &RunArgs) -> anyhow::Result<PlanConfig> {
+    Ok(PlanConfig {
+        namespace: args.plan_namespace.clone(),
+        channel_poll: args.plan_channel_poll,
+        settle: seconds(args.plan_settle, "plan-settle")?,
+        jobs: JobDefaults {
+            active_deadline_secs: args.plan_job_deadline,
+            backoff_limit: args.plan_job_backoff_limit,
+            ttl_after_finished_secs: args.plan_job_ttl,
+            privileged: args.plan_job_privileged,
+            image_pull_policy: args.plan_job_image_pull_policy.clone(),
+            active_deadline_max_secs: args.plan_job_deadline_max,
+            controller_name: args.plan_controller_name.clone(),
+            pod_replacement_policy: args.plan_job_pod_replacement_policy.clone(),
+        },
+        ..Default::default()
+    })
+}
+
+async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
+    let cloud = cloud(&args).await?;
+    let admission = admission(&args);
     let webhook_limits = webhook_limits(&args)?;
-    let mut leader = LeaderElectionConfig::new(args.lease_namespace, args.lease_name, identity);
-    leader.lease_duration = seconds(args.lease_duration, "lease-duration")?;
-    leader.renew_deadline = seconds(args.renew_deadline, "renew-deadline")?;
-    leader.retry_period = seconds(args.retry_period, "retry-period")?;
+    let leader = leader_election(&args, identity)?;
     let client = nodewarden::client::build(args.kubeconfig.as_deref()).await?;
+    // Checked once the client is built: a missing kubeconfig is reported first.
+    let cloud_ration = Ration::new(args.cloud_qps, args.cloud_burst)
+        .context("--cloud-qps and --cloud-burst must be positive")?;
+    let etcd = etcd(&args)?;
+    let plans = plans(&args)?;
     let config = OperatorConfig {
         leader,
         http_addr: args.http_addr,
@@ -409,19 +422,9 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         },
         workers: args.workers,
         cloud,
-        cloud_ration: Ration::new(args.cloud_qps, args.cloud_burst)
-            .context("--cloud-qps and --cloud-burst must be positive")?,
+        cloud_ration,
         discover_scaling_groups: args.discover_scaling_groups,
-        etcd: match args.etcd_endpoints.is_empty() {
-            true => None,
-            false => Some(nodewarden::etcd::EtcdConfig {
-                endpoints: args.etcd_endpoints,
-                ca: args.etcd_ca,
-                cert: args.etcd_cert,
-                key: args.etcd_key,
-                timeout: seconds(args.etcd_timeout, "etcd-timeout")?,
-            }),
-        },
+        etcd,
         admission,
         webhook_limits,
         bare_metal: match args.sip.as_str() {
@@ -436,156 +439,17 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             join_timeout: args.rollout_join_timeout,
             drain_timeout: args.rollout_drain_timeout,
         },
-        plans: PlanConfig {
-            namespace: args.plan_namespace,
-            channel_poll: args.plan_channel_poll,
-            settle: seconds(args.plan_settle, "plan-settle")?,
-            jobs: JobDefaults {
-                active_deadline_secs: args.plan_job_deadline,
-                backoff_limit: args.plan_job_backoff_limit,
-                ttl_after_finished_secs: args.plan_job_ttl,
-                privileged: args.plan_job_privileged,
-                image_pull_policy: args.plan_job_image_pull_policy,
-                active_deadline_max_secs: args.plan_job_deadline_max,
-                controller_name: args.plan_controller_name,
-                pod_replacement_policy: args.plan_job_pod_replacement_policy,
-            },
-            ..Default::default()
-        },
+        plans,
     };
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        nodewarden::signal::wait().await;
         tracing::info!("signal received: shutting down gracefully");
         signals.cancel();
     });
     operator::run(client, config, shutdown).await?;
     Ok(())
-}
-
-/// `nodewarden sim-cloud`: serves until SIGTERM or Ctrl-C (its state is
-/// saved on every change, so stopping needs no care).
-async fn sim_cloud(args: SimCloudArgs) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
-    let signals = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        signals.cancel();
-    });
-    nodewarden::simcloud::run(args, shutdown).await?;
-    Ok(())
-}
-
-/// SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops gracefully");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-fn parse_lookback(s: &str) -> Result<Duration, String> {
-    let span: jiff::Span = s
-        .parse()
-        .map_err(|e| format!("not a duration such as 30m, 2h or 1d: {e}"))?;
-    // A lookback is no calendar arithmetic: a day is 24 hours.
-    let d = span
-        .to_duration(jiff::SpanRelativeTo::days_are_24_hours())
-        .map_err(|e| format!("{s}: {e}"))?;
-    Duration::try_from(d).map_err(|_| "must not be negative".to_string())
-}
-
-/// `nodewarden timeline`: fetches the `replace node` and `rollout` traces
-/// of the lookback window and writes the page.
-async fn timeline(args: TimelineArgs) -> anyhow::Result<()> {
-    use nodewarden::telemetry::timeline;
-    use nodewarden::telemetry::trace::{REPLACE_NODE, ROLLOUT};
-    // Jaeger reads start and end (µs); it ignores a `lookback` parameter.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .context("the clock is before 1970")?;
-    let end = u64::try_from(now.as_micros()).context("the clock is too far ahead")?;
-    let start = end.saturating_sub(u64::try_from(args.lookback.as_micros()).unwrap_or(u64::MAX));
-    let base = args.jaeger.trim_end_matches('/');
-    let mut traces = Vec::new();
-    for operation in [REPLACE_NODE, ROLLOUT] {
-        let uri = format!(
-            "{base}{}",
-            timeline::traces_query(&args.service, operation, start, end, 10_000)
-        );
-        let body = http_get(&uri).await?;
-        traces.extend(timeline::parse_traces(&body).with_context(|| format!("GET {uri}"))?);
-    }
-    let drawn = timeline::build(
-        &traces,
-        &timeline::Options {
-            rollout: args.rollout,
-            max_surge: args.max_surge,
-        },
-    );
-    std::fs::write(&args.out, timeline::render(&drawn))
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    println!(
-        "{}: {} replaced node{}, {} leader change{}{}",
-        args.out.display(),
-        drawn.rows.len(),
-        if drawn.rows.len() == 1 { "" } else { "s" },
-        drawn.leader_changes.len(),
-        if drawn.leader_changes.len() == 1 { "" } else { "s" },
-        drawn
-            .rollout_id
-            .as_ref()
-            .map(|id| format!(" (rollout trace {id})"))
-            .unwrap_or_default()
-    );
-    if !drawn.other_rollouts.is_empty() {
-        println!(
-            "other rollouts in the window (--rollout ID): {}",
-            drawn.other_rollouts.join(", ")
-        );
-    }
-    Ok(())
-}
-
-/// GET `uri` (http or https): the body, or why not.
-async fn http_get(uri: &str) -> anyhow::Result<String> {
-    use http_body_util::{BodyExt, Empty};
-    let parsed: http::Uri = uri.parse().with_context(|| format!("{uri} is not a URL"))?;
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_native_roots()
-        .context("loading the system's TLS roots")?
-        .https_or_http()
-        .enable_http1()
-        .build();
-    let client: hyper_util::client::legacy::Client<_, Empty<bytes::Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https);
-    let response = tokio::time::timeout(Duration::from_secs(60), client.get(parsed))
-        .await
-        .with_context(|| format!("GET {uri}: no answer within 60 s"))?
-        .with_context(|| format!("GET {uri}"))?;
-    let status = response.status();
-    let body = tokio::time::timeout(Duration::from_secs(60), response.into_body().collect())
-        .await
-        .with_context(|| format!("GET {uri}: the answer did not finish within 60 s"))?
-        .with_context(|| format!("reading the answer of {uri}"))?
-        .to_bytes();
-    let text = String::from_utf8_lossy(&body).into_owned();
-    anyhow::ensure!(
-        status.is_success(),
-        "GET {uri}: {status} {}",
-        text.chars().take(300).collect::<String>()
-    );
-    Ok(text)
 }
 
 fn print_crds() -> anyhow::Result<()> {

@@ -21,7 +21,10 @@ demo_dir=${NODEWARDEN_DEMO_DIR:-$repo/.run/demo}
 export NODEWARDEN_RUN_DIR=$demo_dir/cluster
 jaeger_dir=$demo_dir/jaeger
 run=$demo_dir/run
-nodewarden=${CARGO_TARGET_DIR:-$repo/target}/debug/nodewarden
+bin_dir=${CARGO_TARGET_DIR:-$repo/target}/debug
+nodewarden=$bin_dir/nodewarden
+simcloud=$bin_dir/nodewarden-simcloud
+timeline=$bin_dir/nodewarden-timeline
 
 # The scenario.
 LABEL_KEY=nodewarden.dev/demo
@@ -41,15 +44,16 @@ poll_interval=0.5 # retry_until polls twice a second: the demo is watched live
 # shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$here/../lib.sh"
 
-# stop_pidfile FILE: stops the nodewarden process FILE names (a replica or the sim-cloud).
-stop_pidfile() { stop_pid "$(basename "$1" .pid)" "$1" nodewarden || true; }
+# stop_pidfile FILE [EXE_NAME]: stops the process FILE names if it runs EXE_NAME
+# (default nodewarden: a replica; nodewarden-simcloud: the sim-cloud).
+stop_pidfile() { stop_pid "$(basename "$1" .pid)" "$1" "${2:-nodewarden}" || true; }
 
 # stop_demo_processes: the replicas and the sim-cloud (this run's or a previous one's).
 stop_demo_processes() {
   local f
   [ -d "$run" ] || return 0
   for f in "$run"/demo-*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
-  stop_pidfile "$run/sim-cloud.pid"
+  stop_pidfile "$run/sim-cloud.pid" nodewarden-simcloud
 }
 
 down() {
@@ -134,7 +138,7 @@ groups:
     labels: {$LABEL_KEY: "true", topology.kubernetes.io/zone: zone-b}
 EOF
   rm -f "$run/sim-state.json"
-  "$nodewarden" --log-json sim-cloud --config "$run/sim-cloud.yaml" --state "$run/sim-state.json" \
+  "$simcloud" --log-json --config "$run/sim-cloud.yaml" --state "$run/sim-state.json" \
     --listen 127.0.0.1:0 --kubeconfig "$NODEWARDEN_RUN_DIR/kubeconfig" \
     >"$run/sim-cloud.out" 2>"$run/sim-cloud.log" </dev/null &
   echo $! >"$run/sim-cloud.pid"
@@ -280,7 +284,9 @@ demo() {
   trap cleanup EXIT
   trap 'interrupted=1; exit 130' INT
   trap 'interrupted=1; exit 143' TERM
-  [ -x "$nodewarden" ] || { say "building nodewarden"; (cd "$repo" && cargo build --quiet); }
+  for binary in "$nodewarden" "$simcloud" "$timeline"; do
+    [ -x "$binary" ] || { say "building nodewarden"; (cd "$repo" && cargo build --quiet); break; }
+  done
   mkdir -p "$demo_dir"
   # A previous demo's replicas (if its script was killed) must not act on this one.
   stop_demo_processes
@@ -401,7 +407,7 @@ demo() {
   python3 "$here/view.py" summary --wait-traces
   # The same traces as a picture: one HTML page, no network needed to view it.
   local timeline_page=$run/rollout-timeline.html timeline_note
-  if "$nodewarden" timeline --jaeger "$jaeger_query" --max-surge "$SURGE" --out "$timeline_page"; then
+  if "$timeline" --jaeger "$jaeger_query" --max-surge "$SURGE" --out "$timeline_page"; then
     timeline_note="The rollout as a timeline (a row per node with its phases, the leader change, the budget in use):
   xdg-open $timeline_page   (or open that file in any browser)"
   else

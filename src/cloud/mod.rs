@@ -19,9 +19,14 @@
 //! - [`metered`]: a provider wrapper that shares one rate limit and reports
 //!   every call's latency and errors.
 //! - [`retry`]: a provider wrapper that retries transient failures of reads.
-//! - [`sim`]: the `sim` provider, an HTTP client of `nodewarden sim-cloud`;
-//!   [`sim::wire`] is the protocol it speaks. The simulator itself is
-//!   [`crate::simcloud`], a separate module tree this one does not import.
+//! - [`sim`]: the `sim` provider, an HTTP client of the `nodewarden-simcloud`
+//!   binary; [`sim::wire`] is the protocol it speaks (the
+//!   `nodewarden-simwire` crate). The simulator itself is the
+//!   `nodewarden-simcloud` crate, which this library does not depend on.
+//!
+//! The cloud's vocabulary ([`ScalingGroup`], [`GroupRole`], [`InstanceState`])
+//! is defined in `nodewarden-simwire`, because the sim-cloud's answers carry
+//! it as it is, and re-exported here as the provider trait's.
 
 pub mod aws;
 pub mod batch;
@@ -38,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 pub use decorator::CloudOperation;
 pub use error::CloudError;
+pub use nodewarden_simwire::{GroupRole, InstanceState, ScalingGroup};
 
 /// What every provider call returns: a boxed future, so the trait stays
 /// object-safe and is used as `Arc<dyn CloudProvider>`.
@@ -178,58 +184,4 @@ pub struct CreatedNode {
     /// ration a rollout at a high surge is paced by).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-}
-
-/// An instance's state in the cloud. The names are those of Constellation's
-/// PendingNode `status.cspState`, so they can be written there unchanged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum InstanceState {
-    /// The cloud reported a state nodewarden does not know.
-    Unknown,
-    /// Being provisioned or booting.
-    Creating,
-    /// Running. Whether its Node has joined is a separate question.
-    Ready,
-    /// Exists but is stopped (deallocated): neither running nor gone.
-    Stopped,
-    /// Being deleted.
-    Terminating,
-    /// Known to the cloud and gone.
-    Terminated,
-    /// Provisioning or booting failed; it will not become Ready by itself.
-    Failed,
-}
-
-impl InstanceState {
-    /// True for the states an instance never leaves (until deleted).
-    pub fn is_final(self) -> bool {
-        matches!(self, InstanceState::Terminated | InstanceState::Failed)
-    }
-}
-
-/// Whether a group's nodes run the control plane or workloads. Matches the
-/// `role` of Constellation's ScalingGroup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum GroupRole {
-    /// Nodes that run workloads.
-    Worker,
-    /// Nodes that run the control plane (API server, etcd, ...).
-    ControlPlane,
-}
-
-/// One scaling group (managed instance group, scale set, auto scaling group,
-/// bare-metal host pool).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ScalingGroup {
-    /// The provider's full ID of the group (used in every call).
-    pub id: String,
-    /// Whether its nodes run workloads or the control plane.
-    pub role: GroupRole,
-    /// A short human name (Constellation's `nodeGroupName`).
-    pub name: String,
-    /// Instances that are not being deleted.
-    pub size: u32,
-    /// The image new instances boot from.
-    pub image: String,
 }

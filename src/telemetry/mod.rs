@@ -1,8 +1,7 @@
-//! Logging, tracing and metrics setup, and the rollout timeline drawn from traces.
+//! Logging, tracing and metrics setup.
 
 pub mod logging;
 pub mod metrics;
-pub mod timeline;
 
 pub use logging::init_logging;
 pub use metrics::Metrics;

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use nodewarden::api::update::PendingNode;
-use nodewarden::telemetry::timeline;
+use nodewarden_timeline as timeline;
 
 const PHASES: [&str; 7] = [
     "create instance",

@@ -1,4 +1,4 @@
-//! `nodewarden sim-cloud` as a real child process against the real local
+//! `nodewarden-simcloud` as a real child process against the real local
 //! control plane, driven through the `sim` provider: instances boot, join as
 //! kwok Nodes, terminate, take the group's image, misbehave on request, and
 //! survive a kill -9 of the sim-cloud.
@@ -15,7 +15,7 @@ use kube::api::{Api, ListParams};
 use nodewarden::cloud::sim::SimProvider;
 use nodewarden::cloud::sim::wire::{Faults, InstanceView};
 use nodewarden::cloud::{CloudError, CloudProvider, CreateNodeRequest, GroupRole, InstanceState};
-use nodewarden::simcloud::nodes::SCALING_GROUP_LABEL;
+use nodewarden_simcloud::nodes::SCALING_GROUP_LABEL;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 

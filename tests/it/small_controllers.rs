@@ -1,7 +1,7 @@
 //! The AutoscalingStrategy, ScalingGroup and JoiningNode controllers run
 //! in-process (reflectors, controller, leader election) against the real
 //! local control plane; the ScalingGroup controller against a real
-//! `nodewarden sim-cloud` child process.
+//! `nodewarden-simcloud` child process.
 
 use crate::support;
 

@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use nodewarden::api::update::{NodeVersion, ScalingGroup};
 use nodewarden::cloud::GroupRole;
-use nodewarden::simcloud::model::JoinJob;
+use nodewarden_simcloud::model::JoinJob;
 use tokio_util::sync::CancellationToken;
 
 use super::RUN_LABEL;
@@ -285,7 +285,7 @@ fn node_for(run_id: &str, id: &str, image: &str, zone: &str, dns: &str, role: &s
         labels: BTreeMap::from([(RUN_LABEL.to_string(), run_id.to_string())]),
         internal_ip: None,
     };
-    let mut node = nodewarden::simcloud::nodes::node_for(&job);
+    let mut node = nodewarden_simcloud::nodes::node_for(&job);
     if let Some(spec) = node.spec.as_mut() {
         spec.provider_id = Some(format!("aws:///{zone}/{id}"));
     }

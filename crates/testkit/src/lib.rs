@@ -66,12 +66,23 @@ pub fn repo() -> &'static std::path::Path {
 /// (`target/<profile>/deps/<test>` → `target/<profile>/nodewarden`), as
 /// the tests run it as a process.
 pub fn nodewarden_binary() -> std::path::PathBuf {
+    binary("nodewarden")
+}
+
+/// The `nodewarden-simcloud` binary, found as [`nodewarden_binary`] is.
+pub fn simcloud_binary() -> std::path::PathBuf {
+    binary("nodewarden-simcloud")
+}
+
+/// A binary of the root package, which cargo builds for its integration
+/// tests and benches: `target/<profile>/<name>`.
+fn binary(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("the running test's path");
     let profile_dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("a test binary under target/<profile>/deps");
-    let binary = profile_dir.join(format!("nodewarden{}", std::env::consts::EXE_SUFFIX));
+    let binary = profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         binary.is_file(),
         "{} is missing: cargo builds it for the integration tests and benches",

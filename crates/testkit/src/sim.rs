@@ -1,4 +1,4 @@
-//! `nodewarden sim-cloud` as a child process of a test.
+//! `nodewarden-simcloud` as a child process of a test.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -10,7 +10,7 @@ use tokio::process::{Child, Command};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A running `nodewarden sim-cloud` child process and a provider talking to it.
+/// A running `nodewarden-simcloud` child process and a provider talking to it.
 pub struct SimCloud {
     child: Child,
     pub provider: SimProvider,
@@ -39,8 +39,7 @@ impl SimCloud {
     }
 
     async fn start_on(config: &Path, state: &Path, listen: &str) -> SimCloud {
-        let mut child = Command::new(crate::nodewarden_binary())
-            .arg("sim-cloud")
+        let mut child = Command::new(crate::simcloud_binary())
             .arg("--config")
             .arg(config)
             .arg("--state")
@@ -51,7 +50,7 @@ impl SimCloud {
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .expect("starting nodewarden sim-cloud");
+            .expect("starting nodewarden-simcloud");
         let stdout = child.stdout.take().expect("a piped stdout");
         let mut lines = BufReader::new(stdout).lines();
         let first = tokio::time::timeout(TIMEOUT, lines.next_line())

@@ -1,13 +1,13 @@
-//! The `sim` provider: talks to `nodewarden sim-cloud` over HTTP exactly as a
+//! The `sim` provider: talks to `nodewarden-simcloud` over HTTP exactly as a
 //! real provider talks to its cloud — every call has a timeout, 5xx and 429
 //! come back as retryable errors, 404 as [`CloudError::NotFound`], and
 //! nothing is retried inside (the caller's backoff decides).
 //!
-//! It speaks only the protocol in [`wire`]; the simulator itself (the
-//! `simcloud` module tree behind `nodewarden sim-cloud`) is another process
-//! and nothing of it is imported here.
+//! It speaks only the protocol in [`wire`] (the `nodewarden-simwire` crate);
+//! the simulator itself (the `nodewarden-simcloud` crate and binary) is
+//! another process and nothing of it is imported here.
 
-pub mod wire;
+pub use nodewarden_simwire as wire;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -9,7 +9,7 @@
 
 use rand::Rng;
 
-use crate::cloud::sim::wire::Faults;
+use nodewarden_simwire::Faults;
 
 /// What to do with one incoming cloud call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{GroupConfig, SimConfig};
-use super::faults;
-use crate::cloud::sim::wire::{Faults, GroupView, InstanceView, provider_id};
-use crate::cloud::{GroupRole, InstanceState, ScalingGroup};
+use crate::config::{GroupConfig, SimConfig};
+use crate::faults;
+use nodewarden_simwire::{Faults, GroupView, InstanceView, provider_id};
+use nodewarden_simwire::{GroupRole, InstanceState, ScalingGroup};
 
 /// Milliseconds since the Unix epoch.
 pub type Millis = u64;
@@ -86,7 +86,7 @@ pub struct Group {
 /// An instance, as persisted: its timestamps, from which its state follows
 /// (see the module docs). The record is the wire's: what the API shows is
 /// what is stored, plus the state derived from it ([`Lifecycle`]).
-pub use crate::cloud::sim::wire::Instance;
+pub use nodewarden_simwire::Instance;
 
 /// A Node that is due: everything needed to create it.
 #[derive(Clone, Debug, PartialEq)]

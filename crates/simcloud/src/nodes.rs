@@ -9,9 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use super::model::JoinJob;
-use crate::cloud::GroupRole;
-use crate::cloud::sim::wire::provider_id;
+use crate::model::JoinJob;
+use nodewarden_simwire::GroupRole;
+use nodewarden_simwire::provider_id;
 
 /// The label naming a Node's scaling group.
 pub const SCALING_GROUP_LABEL: &str = "nodewarden.dev/scaling-group";

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use tokio::sync::{Mutex, Notify};
 
-use super::model::{Cloud, ModelError};
-use super::persist::{self, PersistError};
+use crate::model::{Cloud, ModelError};
+use crate::persist::{self, PersistError};
 
 /// The running sim-cloud's state, saved on every change (see the module docs).
 pub struct SimStore {
@@ -79,7 +79,7 @@ impl SimStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simcloud::config::SimConfig;
+    use crate::config::SimConfig;
 
     #[tokio::test]
     async fn changes_reach_the_file_and_failed_changes_do_not_happen() {

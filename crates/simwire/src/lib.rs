@@ -1,12 +1,16 @@
 //! The sim-cloud's protocol: the JSON shapes of its HTTP API and its
-//! provider IDs, spoken by both the server (`nodewarden sim-cloud`, the
-//! `simcloud` module tree) and the `sim` provider ([`super::SimProvider`]).
+//! provider IDs, spoken by both the server (the `nodewarden-simcloud` crate
+//! and binary) and the operator's `sim` provider (`nodewarden::cloud::sim`,
+//! which re-exports this crate as its `wire` module).
 //!
-//! A leaf: it imports nothing of the simulator, only the provider trait's
-//! [`InstanceState`] and [`ScalingGroup`], which the answers carry as they
-//! are. The simulator converts its model to these shapes, never the other
-//! way round, so the provider needs nothing but this module.
+//! A leaf: it depends on neither side, so neither depends on the other. The
+//! answers carry the cloud's vocabulary ([`InstanceState`], [`ScalingGroup`],
+//! [`GroupRole`], in [`cloud`]) as it is; the operator's provider trait uses
+//! the same types. The simulator converts its model to these shapes, never
+//! the other way round, so the provider needs nothing but this crate.
+#![warn(missing_docs)]
 
+pub mod cloud;
 pub mod duration;
 
 use std::collections::BTreeMap;
@@ -14,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cloud::{InstanceState, ScalingGroup};
+pub use cloud::{GroupRole, InstanceState, ScalingGroup};
 
 /// The scheme of the sim's provider IDs: `sim://<group>/<instance>`.
 pub const PROVIDER_ID_PREFIX: &str = "sim://";
@@ -134,7 +138,7 @@ pub struct ErrorBody {
 /// The injected faults: body of `GET /faults` and `POST /faults`. A POST
 /// replaces the whole set, and a missing field means "no such fault", so
 /// `Faults::default()` switches them all off. How the sim-cloud acts on them
-/// is its own business (the simulator's `faults` module).
+/// is its own business (the `faults` module of `nodewarden-simcloud`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Faults {

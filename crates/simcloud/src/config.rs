@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cloud::GroupRole;
-use crate::cloud::sim::wire::duration;
+use nodewarden_simwire::GroupRole;
+use nodewarden_simwire::duration;
 
 /// Longest group ID: leaves room for `-<serial>` in a 63-character Node
 /// name that is also valid as the `kubernetes.io/hostname` label value.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::model::Cloud;
+use crate::model::Cloud;
 
 /// Bumped when the format changes incompatibly.
 const VERSION: u32 = 1;
@@ -122,7 +122,7 @@ fn temporary(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simcloud::config::SimConfig;
+    use crate::config::SimConfig;
 
     fn cloud() -> Cloud {
         let config = SimConfig::parse(

@@ -1,5 +1,5 @@
 //! The sim-cloud's HTTP JSON API; its bodies are the types of
-//! [`crate::cloud::sim::wire`].
+//! [`nodewarden_simwire`].
 //!
 //! | Method and path | Answer |
 //! |---|---|
@@ -19,7 +19,6 @@
 //! `/instances/{name}` and `/states` — but not `GET /instances`, `/faults` or `/healthz`,
 //! which are how tests watch and steer the sim.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -28,12 +27,11 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio_util::sync::CancellationToken;
 
-use super::faults::{self, Verdict};
-use super::model::{Lifecycle, ModelError, now};
-use super::store::{SimStore, StoreError};
-use crate::cloud::sim::wire::{CreateBody, ErrorBody, Faults, ImageBody, MAX_STATES};
+use crate::faults::{self, Verdict};
+use crate::model::{Lifecycle, ModelError, now};
+use crate::store::{SimStore, StoreError};
+use nodewarden_simwire::{CreateBody, ErrorBody, Faults, ImageBody, MAX_STATES};
 
 /// Largest request body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -278,28 +276,11 @@ async fn set_faults(sim: &SimStore, body: Incoming) -> Result<Answer, Answer> {
     Ok(Answer::json(StatusCode::OK, &faults))
 }
 
-/// The sim-cloud's connections: every replica's cloud client, the test
-/// harness and the demo. Idle connections are kept longer than hyper's
-/// client keeps them in its pool (90 s), so a client never sends on a
-/// connection the server is closing.
-const SIM_CLOUD_LIMITS: crate::http::ConnLimits = crate::http::ConnLimits {
-    max_connections: 1024,
-    header_read_timeout: std::time::Duration::from_secs(120),
-    ..crate::http::ConnLimits::ENDPOINTS
-};
-
-/// Binds `addr`; returns the bound address (port 0 picks one) and the
-/// future that serves until `shutdown`.
-pub async fn bind(
-    addr: SocketAddr,
-    sim: Arc<SimStore>,
-    shutdown: CancellationToken,
-) -> std::io::Result<(SocketAddr, impl Future<Output = ()>)> {
-    crate::http::bind_with(addr, SIM_CLOUD_LIMITS, shutdown, move |req| {
-        let sim = sim.clone();
-        async move { handle(sim, req).await.into_response() }
-    })
-    .await
+/// The answer to one request of the API. The `nodewarden-simcloud` binary
+/// serves it (on the operator's HTTP server, held to the sim-cloud's
+/// connection limits).
+pub async fn answer(sim: Arc<SimStore>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    handle(sim, req).await.into_response()
 }
 
 #[cfg(test)]

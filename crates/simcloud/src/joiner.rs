@@ -8,9 +8,9 @@ use std::time::Duration;
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
-use super::model::now;
-use super::nodes;
-use super::store::SimStore;
+use crate::model::now;
+use crate::nodes;
+use crate::store::SimStore;
 
 /// How long to wait before trying again after a Node could not be created.
 const RETRY: Duration = Duration::from_secs(1);
