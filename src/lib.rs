@@ -18,6 +18,7 @@ pub mod etcd;
 pub mod http;
 pub mod node;
 pub mod operator;
+pub mod rollout;
 pub use nodewarden_runtime as runtime;
 pub mod simcloud;
 pub mod sip;

@@ -10,7 +10,6 @@ pub mod node_version;
 pub mod pending_node;
 pub mod plan;
 pub mod replacement_trace;
-pub mod rollout;
 pub mod scaling_group;
 pub mod sip_cluster;
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! It gathers facts from its stores (Nodes, ScalingGroups, PendingNodes,
 //! NodeMaintenances) and asks the cloud only for what nodes lack (their group
 //! and image, then cached in annotations, as Constellation does). The plan
-//! itself is [`super::rollout::plan`], a pure function. Event-driven: every
+//! itself is [`crate::rollout::plan`], a pure function. Event-driven: every
 //! change of a watched object reconciles the NodeVersions again.
 //!
 //! Creating an instance never leaks one: the PendingNode that tracks it is
@@ -32,7 +32,6 @@ use super::replacement_trace::{
     trace_delete_instance, trace_etcd_member, trace_join, trace_node_deleted, trace_replacement,
     trace_rollout_end, trace_surplus, trace_transfer,
 };
-use super::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
 use super::{delete_if_present, node_maintenance, same_object};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
@@ -45,6 +44,7 @@ use crate::cloud::{CloudProvider, CreateNodeRequest};
 use crate::error::{Error, Result};
 use crate::etcd::{Decision, EtcdClient, EtcdError, Removed, decide, to_check};
 use crate::node::node_is_ready;
+use crate::rollout::{self, DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
