@@ -318,7 +318,7 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
     ),
     (
         "controllers/pending_node.rs",
-        "reconcile",
+        "write_status",
         ".patch_status(",
         Harmless(
             "cspState and reachedGoal: recomputed from the cloud and the Node each pass, and read \
@@ -328,20 +328,20 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
     // The give-up: goal Leave, before the instance is deleted.
     (
         "controllers/pending_node.rs",
-        "reconcile",
+        "give_up",
         "api.patch(&name",
         ResourceVersion,
     ),
     (
         "controllers/pending_node.rs",
-        "reconcile",
+        "forget",
         "delete_if_present(&nodes",
         DeletePreconditions,
     ),
     (
         "controllers/pending_node.rs",
-        "reconcile",
-        "delete_if_present(&api",
+        "forget",
+        "delete_if_present(api,",
         DeletePreconditions,
     ),
     (
