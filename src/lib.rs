@@ -18,6 +18,7 @@ pub mod etcd;
 pub mod http;
 pub mod node;
 pub mod operator;
+pub mod rollout;
 pub mod signal;
 pub use nodewarden_runtime as runtime;
 pub mod sip;

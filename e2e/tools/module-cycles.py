@@ -2,9 +2,10 @@
 """Fails when the nodewarden library's modules import each other in a cycle.
 
 The nodes are the library's top-level modules (src/<m>.rs or src/<m>/) and the
-files of src/controllers/ (each controller its own node); an edge A -> B is a
-reference to `crate::B` (or, between controllers, `super::B`) in A's code,
-its unit tests left out. Prints each cycle and exits 1 when there is one.
+controllers of src/controllers/ (each its own node, a file or a directory); an
+edge A -> B is a reference to `crate::B` (or, between controllers, `super::B`,
+`super::super::B` from a controller directory's files) in A's code, its unit
+tests left out. Prints each cycle and exits 1 when there is one.
 """
 import os
 import re
@@ -27,7 +28,28 @@ top = sorted(
     if n not in ("lib.rs", "main.rs") and (n.endswith(".rs") or os.path.isdir(os.path.join(src, n)))
 )
 controllers_dir = os.path.join(src, "controllers")
-controllers = sorted(n[:-3] for n in os.listdir(controllers_dir) if n.endswith(".rs") and n != "mod.rs")
+controllers = sorted(
+    n[:-3] if n.endswith(".rs") else n
+    for n in os.listdir(controllers_dir)
+    if n != "mod.rs" and (n.endswith(".rs") or os.path.isdir(os.path.join(controllers_dir, n)))
+)
+
+
+def rust_files(path):
+    """The .rs files of a module: its file, or every file of its directory."""
+    if os.path.isdir(path):
+        return [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs if f.endswith(".rs")]
+    return [path + ".rs"]
+
+
+def controllers_prefix(path):
+    """The `super::` path that names src/controllers/ from `path`: one
+    `super::` from a controller's file or its directory's mod.rs, two from
+    the other files of its directory."""
+    parts = os.path.relpath(path, controllers_dir).split(os.sep)
+    levels = len(parts) - (1 if parts[-1] == "mod.rs" else 0)
+    return r"(?<![\w:])" + r"super::" * levels
+
 
 files = {}  # node -> [paths]
 for m in top:
@@ -40,7 +62,7 @@ for m in top:
         files[m] = [d + ".rs"]
 files["controllers"] = [os.path.join(controllers_dir, "mod.rs")]
 for c in controllers:
-    files["controllers::" + c] = [os.path.join(controllers_dir, c + ".rs")]
+    files["controllers::" + c] = rust_files(os.path.join(controllers_dir, c))
 
 edges = {n: set() for n in files}
 for node, paths in files.items():
@@ -48,7 +70,10 @@ for node, paths in files.items():
         text = code(p)
         for m in set(re.findall(r"\bcrate::([a-z_]+)", text)):
             if m == "controllers":
-                for c in set(re.findall(r"\bcrate::controllers::([a-z_]+)", text)):
+                named = re.findall(r"\bcrate::controllers::([a-z_]+)", text)
+                for group in re.findall(r"\bcrate::controllers::\{([^}]*)\}", text):
+                    named += [c for c in re.findall(r"\b([a-z_]+)\b", group) if c in controllers]
+                for c in set(named):
                     target = "controllers::" + c if c in controllers else "controllers"
                     if target != node:
                         edges[node].add(target)
@@ -58,8 +83,9 @@ for node, paths in files.items():
             elif m in files and m != node:
                 edges[node].add(m)
         if node.startswith("controllers::"):
-            names = re.findall(r"\bsuper::([a-z_]+)", text)
-            for group in re.findall(r"\bsuper::\{([^}]*)\}", text):
+            up = controllers_prefix(p)
+            names = re.findall(up + r"([a-z_]+)", text)
+            for group in re.findall(up + r"\{([^}]*)\}", text):
                 names += re.findall(r"\b([a-z_]+)\b", group)
             for c in set(names):
                 if c in controllers and "controllers::" + c != node:

@@ -1,4 +1,5 @@
-//! One controller per file; each splits pure decisions from thin IO, and
+//! One controller per file (a large one a directory, a module per phase:
+//! `node_version`); each splits pure decisions from thin IO, and
 //! declares in its `register` function what it reconciles, watches and reads.
 //! Adding a controller is a new file here plus one line in [`register_all`].
 
@@ -10,7 +11,6 @@ pub mod node_version;
 pub mod pending_node;
 pub mod plan;
 pub mod replacement_trace;
-pub mod rollout;
 pub mod scaling_group;
 pub mod sip_cluster;
 #[cfg(test)]

@@ -335,92 +335,128 @@ impl Reconciler for PendingNodeReconciler {
             PendingNodeGoal::Leave => self.leaving_state(&name, provider_id).await?,
         };
         let node = self.nodes.get(&ObjectKey::cluster(&pn.spec.node_name));
-        let seen = match node.as_deref() {
-            None => NodeSeen::Absent,
-            Some(n) if node_is_ready(n) => NodeSeen::Ready,
-            Some(_) => NodeSeen::Joined,
-        };
-        let deadline_passed = pn.spec.deadline_passed(Timestamp::now());
-        let age = pn
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .and_then(|t| Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
-            .unwrap_or_default();
-        let in_flight = age < CREATE_GRACE;
+        let age = age(&pn);
         let step = decide(
             goal,
             !provider_id.is_empty(),
-            in_flight,
+            age < CREATE_GRACE,
             state,
-            seen,
-            deadline_passed,
+            node_seen(node.as_deref()),
+            pn.spec.deadline_passed(Timestamp::now()),
         );
-        let reached = step == PendingStep::ReachedJoin;
         // The version the decision was made on, or the status write's own.
-        let mut version = pn.resource_version();
-        if pn.status.as_ref().map(|s| (s.csp_state, s.reached_goal))
-            != Some((Some(csp_state(state)), reached))
-        {
-            let status = json!({"status": {"cspState": csp_state(state), "reachedGoal": reached}});
-            let written = api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                .await?;
-            version = written.resource_version();
-        }
+        let version = self
+            .write_status(&api, &pn, state, step == PendingStep::ReachedJoin)
+            .await?;
         match step {
             PendingStep::FinishCreate => self.finish_create(&api, &pn).await,
             PendingStep::ReachedJoin => Ok(Action::Done),
             PendingStep::CreateInFlight => Ok(Action::RequeueAfter(CREATE_GRACE.saturating_sub(age))),
-            PendingStep::Wait => {
-                let until_deadline = pn
-                    .spec
-                    .deadline
-                    .as_ref()
-                    .and_then(|d| Duration::try_from(d.0.duration_since(Timestamp::now())).ok())
-                    .unwrap_or(POLL);
-                Ok(Action::RequeueAfter(
-                    POLL.min(until_deadline.max(Duration::from_millis(50))),
-                ))
-            }
-            PendingStep::GiveUp => {
-                // The Node may have registered a moment ago, unseen by the store yet.
-                let nodes: Api<Node> = Api::all(self.client.clone());
-                if nodes.get_opt(&pn.spec.node_name).await?.is_some() {
-                    return Ok(Action::RequeueAfter(POLL));
-                }
-                tracing::warn!(pending = %name, node = %pn.spec.node_name, "join deadline passed: deleting the instance");
-                // The goal first, conditioned on the version judged: a
-                // decision that lands late (another leader saw the Node join
-                // meanwhile) is refused, and no instance is deleted for it.
-                let patch = give_up_patch(version.as_deref(), Timestamp::now());
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                self.delete_instance(provider_id).await?;
-                Ok(Action::RequeueAfter(POLL))
-            }
+            PendingStep::Wait => Ok(Action::RequeueAfter(next_look(&pn))),
+            PendingStep::GiveUp => self.give_up(&api, &pn, version.as_deref()).await,
             PendingStep::Delete => {
                 self.delete_instance(provider_id).await?;
                 Ok(Action::RequeueAfter(POLL))
             }
-            PendingStep::Forget => {
-                // A Node left behind by a gone instance goes too — unless it
-                // is a replacement's donor: the NodeVersion controller retires
-                // it, sending the replacement's root span before the Node
-                // goes (deleted here, that trace would lose its root).
-                let donor = node
-                    .as_deref()
-                    .is_some_and(|n| n.annotations().contains_key(HEIR_ANNOTATION));
-                // The Node as judged (not a donor by then): a delete landing
-                // after another leader paired it is refused.
-                if let Some(n) = node.as_deref().filter(|_| !donor) {
-                    let nodes: Api<Node> = Api::all(self.client.clone());
-                    delete_if_present(&nodes, &pn.spec.node_name, &same_version(&n.metadata)).await?;
-                }
-                delete_if_present(&api, &name, &same_object(&pn.metadata)).await?;
-                Ok(Action::Done)
-            }
+            PendingStep::Forget => self.forget(&api, &pn, node.as_deref()).await,
         }
+    }
+}
+
+/// How far the Node of `node` (None: no Node of the instance's name) has come.
+fn node_seen(node: Option<&Node>) -> NodeSeen {
+    match node {
+        None => NodeSeen::Absent,
+        Some(n) if node_is_ready(n) => NodeSeen::Ready,
+        Some(_) => NodeSeen::Joined,
+    }
+}
+
+/// How long ago `pn` was written.
+fn age(pn: &PendingNode) -> Duration {
+    pn.metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
+        .unwrap_or_default()
+}
+
+/// When a joining instance is looked at again: after a poll, or at its
+/// deadline when that comes first (yet not sooner than 50 ms).
+fn next_look(pn: &PendingNode) -> Duration {
+    let until_deadline = pn
+        .spec
+        .deadline
+        .as_ref()
+        .and_then(|d| Duration::try_from(d.0.duration_since(Timestamp::now())).ok())
+        .unwrap_or(POLL);
+    POLL.min(until_deadline.max(Duration::from_millis(50)))
+}
+
+impl PendingNodeReconciler {
+    /// Records the instance's cloud `state` and whether the join is
+    /// `reached`, unless the status says so already. Returns the
+    /// PendingNode's version after it: the one judged, or the write's own.
+    async fn write_status(
+        &self,
+        api: &Api<PendingNode>,
+        pn: &PendingNode,
+        state: Option<InstanceState>,
+        reached: bool,
+    ) -> Result<Option<String>> {
+        if pn.status.as_ref().map(|s| (s.csp_state, s.reached_goal))
+            == Some((Some(csp_state(state)), reached))
+        {
+            return Ok(pn.resource_version());
+        }
+        let status = json!({"status": {"cspState": csp_state(state), "reachedGoal": reached}});
+        let written = api
+            .patch_status(&pn.name_any(), &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        Ok(written.resource_version())
+    }
+
+    /// The join deadline passed without a Node: goal Leave, then the
+    /// instance deleted. `version`: the PendingNode's version judged.
+    async fn give_up(
+        &self,
+        api: &Api<PendingNode>,
+        pn: &PendingNode,
+        version: Option<&str>,
+    ) -> Result<Action> {
+        let name = pn.name_any();
+        // The Node may have registered a moment ago, unseen by the store yet.
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        if nodes.get_opt(&pn.spec.node_name).await?.is_some() {
+            return Ok(Action::RequeueAfter(POLL));
+        }
+        tracing::warn!(pending = %name, node = %pn.spec.node_name, "join deadline passed: deleting the instance");
+        // The goal first, conditioned on the version judged: a
+        // decision that lands late (another leader saw the Node join
+        // meanwhile) is refused, and no instance is deleted for it.
+        let patch = give_up_patch(version, Timestamp::now());
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        self.delete_instance(&pn.spec.provider_id).await?;
+        Ok(Action::RequeueAfter(POLL))
+    }
+
+    /// The instance is gone from the cloud: the PendingNode goes, and the
+    /// Node it left behind (`node`, as judged) with it.
+    async fn forget(&self, api: &Api<PendingNode>, pn: &PendingNode, node: Option<&Node>) -> Result<Action> {
+        // A Node left behind by a gone instance goes too — unless it
+        // is a replacement's donor: the NodeVersion controller retires
+        // it, sending the replacement's root span before the Node
+        // goes (deleted here, that trace would lose its root).
+        let donor = node.is_some_and(|n| n.annotations().contains_key(HEIR_ANNOTATION));
+        // The Node as judged (not a donor by then): a delete landing
+        // after another leader paired it is refused.
+        if let Some(n) = node.filter(|_| !donor) {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            delete_if_present(&nodes, &pn.spec.node_name, &same_version(&n.metadata)).await?;
+        }
+        delete_if_present(api, &pn.name_any(), &same_object(&pn.metadata)).await?;
+        Ok(Action::Done)
     }
 }
 

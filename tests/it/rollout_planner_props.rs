@@ -1,4 +1,4 @@
-//! Property tests of the rolling-replacement planner (`controllers::rollout`):
+//! Property tests of the rolling-replacement planner (`nodewarden::rollout`):
 //! random clusters, budgets and orders of events, including a leader that
 //! dies part-way through carrying out a plan (only a prefix of its steps is
 //! written, a pairing possibly half-written), checked against the
@@ -23,9 +23,7 @@
 
 use std::collections::BTreeSet;
 
-use nodewarden::controllers::rollout::{
-    DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step, plan,
-};
+use nodewarden::rollout::{DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role, Step, plan};
 use proptest::prelude::*;
 
 /// A cluster as the planner sees it, plus the counters the model needs.

@@ -1,109 +1,8 @@
-//! The rolling replacement of outdated nodes — decisions only (pure, table
-//! tested). The NodeVersion controller gathers [`Facts`] from its stores and
-//! the cloud, calls [`plan`], and carries out the [`Step`]s.
-//!
-//! A node is *outdated* when its version (image and Kubernetes components)
-//! differs from the rollout's target. Each outdated node (the *donor*) is
-//! replaced by a fresh node (the *heir*) of the same scaling group:
-//!
-//! 1. create an instance (a PendingNode with goal Join tracks it);
-//! 2. once it joined and is Ready (a *mint*), pair it with an outdated node of
-//!    its group that has no heir, and copy the donor's labels to it;
-//! 3. drain the donor (a NodeMaintenance);
-//! 4. when the drain succeeded, delete the donor's Node and its instance.
-//!
-//! Budgets (invariant 1): `max_surge` bounds the extra nodes in flight
-//! (instances joining, mints, heirs whose donor still exists); `max_unavailable`
-//! bounds outdated nodes drained before their heir is Ready. A donor is only
-//! deleted once its heir is Ready and its drain succeeded (invariant 2).
-//! Control-plane groups go first: no worker instance is created while a
-//! control-plane node is outdated (a kubelet must never be newer than the API
-//! server).
+//! The planner: the steps a rollout takes now, within its budgets.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// A scaling group's role; control-plane groups sort (and go) first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
-    /// Control-plane nodes.
-    ControlPlane,
-    /// Worker nodes.
-    Worker,
-}
-
-/// A scaling group of this rollout.
-#[derive(Clone, Debug, PartialEq)]
-pub struct GroupFacts {
-    /// The group's id at the cloud (`spec.groupId`).
-    pub id: String,
-    /// Control plane or workers.
-    pub role: Role,
-    /// The cloud creates new instances with the target image already.
-    pub image_ready: bool,
-}
-
-/// A Node of this rollout's groups.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct NodeFacts {
-    /// The node's name.
-    pub name: String,
-    /// The id of the node's scaling group.
-    pub group: String,
-    /// On the rollout's target version (image and Kubernetes components).
-    pub up_to_date: bool,
-    /// The node's Ready condition is True.
-    pub ready: bool,
-    /// The node this one replaces (heir annotation).
-    pub heir_of: Option<String>,
-    /// The node replacing this one (donor annotation).
-    pub donor_to: Option<String>,
-    /// Drain requested (a NodeMaintenance exists) and how it stands.
-    pub drain: DrainState,
-    /// Joined through a PendingNode of this rollout that is still tracked.
-    pub joining: bool,
-    /// A surplus node being removed (a mint left without a partner).
-    pub obsolete: bool,
-}
-
-/// Where the rollout's drain of a node stands (its NodeMaintenance's phase).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum DrainState {
-    /// No drain requested (no NodeMaintenance).
-    #[default]
-    None,
-    /// Requested and not finished.
-    Running,
-    /// Drained: the node may be retired.
-    Succeeded,
-    /// The drain failed; the node is left alone (Degraded says so).
-    Failed,
-}
-
-/// An instance created but not yet a Node (goal Join).
-#[derive(Clone, Debug, PartialEq)]
-pub struct JoinFacts {
-    /// The PendingNode's name.
-    pub pending: String,
-    /// The id of the scaling group the instance was created in.
-    pub group: String,
-}
-
-/// Everything [`plan`] and [`counts`] look at, gathered by the reconciler.
-pub struct Facts<'a> {
-    /// The rollout's scaling groups.
-    pub groups: &'a [GroupFacts],
-    /// The Nodes of those groups.
-    pub nodes: &'a [NodeFacts],
-    /// Instances created that are not Nodes yet.
-    pub joins: &'a [JoinFacts],
-    /// Extra nodes allowed in flight (resolved from `spec.rollout.maxSurge`).
-    pub max_surge: usize,
-    /// Outdated nodes allowed to drain before their heir is Ready (resolved
-    /// from `spec.rollout.maxUnavailable`).
-    pub max_unavailable: usize,
-    /// No worker instance is created while a control-plane node is outdated.
-    pub control_plane_first: bool,
-}
+use super::{DrainState, Facts, GroupFacts, NodeFacts, Role};
 
 /// What the controller should do now; every step is idempotent.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -203,151 +102,207 @@ pub fn workers_wait_for_control_plane(f: &Facts) -> bool {
 /// heir is Ready (and surplus nodes), pair Ready mints, drain early within
 /// maxUnavailable, create instances within maxSurge.
 pub fn plan(f: &Facts) -> Vec<Step> {
-    let mut steps = Vec::new();
-    let by_name: BTreeMap<&str, &NodeFacts> = f.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-    let role_of: BTreeMap<&str, Role> = f.groups.iter().map(|g| (g.id.as_str(), g.role)).collect();
-    let c = counts(f);
-
-    // Donors whose heir is Ready: drain, then retire once drained.
-    for donor in f.nodes.iter().filter(|n| !n.up_to_date) {
-        let Some(heir) = donor.donor_to.as_deref().and_then(|h| by_name.get(h)) else {
-            continue;
-        };
-        if !heir.ready {
-            continue;
-        }
-        match donor.drain {
-            DrainState::None => steps.push(Step::Drain {
-                node: donor.name.clone(),
-            }),
-            DrainState::Succeeded => steps.push(Step::Retire {
-                node: donor.name.clone(),
-            }),
-            DrainState::Running | DrainState::Failed => {}
-        }
-    }
-
-    // Surplus nodes go the same way as donors, without waiting for an heir.
-    for node in f.nodes.iter().filter(|n| n.obsolete) {
-        match node.drain {
-            DrainState::None => steps.push(Step::Drain {
-                node: node.name.clone(),
-            }),
-            DrainState::Succeeded => steps.push(Step::Retire {
-                node: node.name.clone(),
-            }),
-            DrainState::Running | DrainState::Failed => {}
-        }
-    }
-
-    // Pair each Ready mint with an outdated node of its group that has no heir
-    // (one drained early first).
+    let planner = Planner::new(f);
+    let mut steps = planner.retire_replaced();
+    steps.extend(planner.retire_surplus());
+    // Each outdated node gets at most one heir in a plan.
     let mut taken: BTreeSet<&str> = BTreeSet::new();
+    steps.extend(planner.finish_half_pairings(&mut taken));
+    steps.extend(planner.pair_mints(&mut taken));
+    steps.extend(planner.drain_early(&taken));
+    let creates = planner.create_instances(&taken, &steps);
+    steps.extend(creates);
+    steps
+}
 
-    // A pairing half written (a leader died between annotating the heir and
-    // its donor): the heir names a donor that names no heir. Finish it, or
-    // the donor would get a second heir and the first would be left over.
-    for heir in f.nodes.iter() {
-        let Some(donor) = heir.heir_of.as_deref().and_then(|d| by_name.get(d)) else {
-            continue;
-        };
-        if donor.donor_to.is_none() && taken.insert(donor.name.as_str()) {
-            steps.push(Step::Pair {
-                donor: donor.name.clone(),
-                heir: heir.name.clone(),
-            });
+/// What every part of a plan looks up, computed once per plan.
+struct Planner<'a> {
+    f: &'a Facts<'a>,
+    by_name: BTreeMap<&'a str, &'a NodeFacts>,
+    role_of: BTreeMap<&'a str, Role>,
+    counts: Counts,
+    workers_wait: bool,
+}
+
+/// Where a node on its way out stands: drain it, retire it once drained,
+/// or leave it be (a drain running, or failed).
+fn drain_or_retire(node: &NodeFacts) -> Option<Step> {
+    let node_name = node.name.clone();
+    match node.drain {
+        DrainState::None => Some(Step::Drain { node: node_name }),
+        DrainState::Succeeded => Some(Step::Retire { node: node_name }),
+        DrainState::Running | DrainState::Failed => None,
+    }
+}
+
+impl<'a> Planner<'a> {
+    fn new(f: &'a Facts<'a>) -> Self {
+        Planner {
+            f,
+            by_name: f.nodes.iter().map(|n| (n.name.as_str(), n)).collect(),
+            role_of: f.groups.iter().map(|g| (g.id.as_str(), g.role)).collect(),
+            counts: counts(f),
+            workers_wait: workers_wait_for_control_plane(f),
         }
     }
-    for mint in f
-        .nodes
-        .iter()
-        .filter(|n| n.up_to_date && n.ready && n.joining && n.heir_of.is_none() && !n.obsolete)
-    {
-        // Nodes drained early come first: they are out of service already,
-        // and the instance was created on the slot they lent.
-        let partner = f
+
+    /// Is `group` a worker group waiting for the control plane?
+    fn blocked(&self, group: &str) -> bool {
+        self.workers_wait && self.role_of.get(group) == Some(&Role::Worker)
+    }
+
+    /// Donors whose heir is Ready: drain, then retire once drained.
+    fn retire_replaced(&self) -> Vec<Step> {
+        self.f
+            .nodes
+            .iter()
+            .filter(|n| !n.up_to_date)
+            .filter(|donor| {
+                let heir = donor.donor_to.as_deref().and_then(|h| self.by_name.get(h));
+                heir.is_some_and(|h| h.ready)
+            })
+            .filter_map(drain_or_retire)
+            .collect()
+    }
+
+    /// Surplus nodes go the same way as donors, without waiting for an heir.
+    fn retire_surplus(&self) -> Vec<Step> {
+        self.f
+            .nodes
+            .iter()
+            .filter(|n| n.obsolete)
+            .filter_map(drain_or_retire)
+            .collect()
+    }
+
+    /// A pairing half written (a leader died between annotating the heir and
+    /// its donor): the heir names a donor that names no heir. Finish it, or
+    /// the donor would get a second heir and the first would be left over.
+    fn finish_half_pairings(&self, taken: &mut BTreeSet<&'a str>) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for heir in self.f.nodes.iter() {
+            let Some(donor) = heir.heir_of.as_deref().and_then(|d| self.by_name.get(d)) else {
+                continue;
+            };
+            if donor.donor_to.is_none() && taken.insert(donor.name.as_str()) {
+                steps.push(Step::Pair {
+                    donor: donor.name.clone(),
+                    heir: heir.name.clone(),
+                });
+            }
+        }
+        steps
+    }
+
+    /// Pairs each Ready mint with an outdated node of its group that has no
+    /// heir (one drained early first); a mint no node needs is surplus.
+    fn pair_mints(&self, taken: &mut BTreeSet<&'a str>) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for mint in self
+            .f
+            .nodes
+            .iter()
+            .filter(|n| n.up_to_date && n.ready && n.joining && n.heir_of.is_none() && !n.obsolete)
+        {
+            // Nodes drained early come first: they are out of service already,
+            // and the instance was created on the slot they lent.
+            let partner = self
+                .f
+                .nodes
+                .iter()
+                .filter(|n| {
+                    !n.up_to_date
+                        && n.group == mint.group
+                        && n.donor_to.is_none()
+                        && n.heir_of.is_none()
+                        && !n.obsolete
+                        && !taken.contains(n.name.as_str())
+                })
+                .min_by_key(|n| n.drain == DrainState::None);
+            match partner {
+                Some(donor) => {
+                    taken.insert(donor.name.as_str());
+                    steps.push(Step::Pair {
+                        donor: donor.name.clone(),
+                        heir: mint.name.clone(),
+                    });
+                }
+                None => steps.push(Step::MarkObsolete {
+                    node: mint.name.clone(),
+                }),
+            }
+        }
+        steps
+    }
+
+    /// Early drains within maxUnavailable: outdated nodes without an heir yet.
+    fn drain_early(&self, taken: &BTreeSet<&'a str>) -> Vec<Step> {
+        self.f
             .nodes
             .iter()
             .filter(|n| {
                 !n.up_to_date
-                    && n.group == mint.group
                     && n.donor_to.is_none()
-                    && n.heir_of.is_none()
-                    && !n.obsolete
+                    && n.drain == DrainState::None
                     && !taken.contains(n.name.as_str())
+                    && !self.blocked(&n.group)
             })
-            .min_by_key(|n| n.drain == DrainState::None);
-        match partner {
-            Some(donor) => {
-                taken.insert(donor.name.as_str());
-                steps.push(Step::Pair {
-                    donor: donor.name.clone(),
-                    heir: mint.name.clone(),
+            .take(self.f.max_unavailable.saturating_sub(self.counts.unavailable))
+            .map(|node| Step::Drain {
+                node: node.name.clone(),
+            })
+            .collect()
+    }
+
+    /// New instances: per group, outdated nodes still needing an heir, minus
+    /// instances already on their way; within the surge budget, plus one for
+    /// each node of the group drained early (it leaves, so its replacement
+    /// adds no surge). Replacements on their way in the group — instances
+    /// joining, joined nodes not paired yet — take those slots first, and a
+    /// mint pairs with a drained node first, so a slot is never used twice.
+    /// `planned`: the steps planned so far (the pairings among them).
+    fn create_instances(&self, taken: &BTreeSet<&'a str>, planned: &[Step]) -> Vec<Step> {
+        let mut surge_left = self.f.max_surge.saturating_sub(self.counts.surge);
+        let mut groups: Vec<&GroupFacts> = self.f.groups.iter().collect();
+        groups.sort_by_key(|g| (g.role, g.id.clone()));
+        let mut steps = Vec::new();
+        for g in groups {
+            if !g.image_ready || self.blocked(&g.id) {
+                continue;
+            }
+            let count = self.creates_in(g, taken, planned, &mut surge_left);
+            if count > 0 {
+                steps.push(Step::Create {
+                    group: g.id.clone(),
+                    count,
                 });
             }
-            None => steps.push(Step::MarkObsolete {
-                node: mint.name.clone(),
-            }),
         }
+        steps
     }
 
-    // Early drains within maxUnavailable: outdated nodes without an heir yet.
-    let workers_wait = workers_wait_for_control_plane(f);
-    let blocked_role = |group: &str| workers_wait && role_of.get(group) == Some(&Role::Worker);
-    let early = f
-        .nodes
-        .iter()
-        .filter(|n| {
-            !n.up_to_date
-                && n.donor_to.is_none()
-                && n.drain == DrainState::None
-                && !taken.contains(n.name.as_str())
-                && !blocked_role(&n.group)
-        })
-        .take(f.max_unavailable.saturating_sub(c.unavailable));
-    for node in early {
-        steps.push(Step::Drain {
-            node: node.name.clone(),
-        });
-    }
-
-    // New instances: per group, outdated nodes still needing an heir, minus
-    // instances already on their way; within the surge budget, plus one for
-    // each node of the group drained early (it leaves, so its replacement
-    // adds no surge). Replacements on their way in the group — instances
-    // joining, joined nodes not paired yet — take those slots first, and a
-    // mint pairs with a drained node first, so a slot is never used twice.
-    let mut surge_left = f.max_surge.saturating_sub(c.surge);
-    let mut groups: Vec<&GroupFacts> = f.groups.iter().collect();
-    groups.sort_by_key(|g| (g.role, g.id.clone()));
-    for g in groups {
-        if !g.image_ready || blocked_role(&g.id) {
-            continue;
-        }
-        let needing = f
+    /// How many instances group `g` gets: one for each node drained early
+    /// that no replacement stands in for, the rest from `surge_left`.
+    fn creates_in(
+        &self,
+        g: &GroupFacts,
+        taken: &BTreeSet<&'a str>,
+        planned: &[Step],
+        surge_left: &mut usize,
+    ) -> usize {
+        let needing = self
+            .f
             .nodes
             .iter()
             .filter(|n| {
                 n.group == g.id && !n.up_to_date && n.donor_to.is_none() && !taken.contains(n.name.as_str())
             })
             .count();
-        let on_the_way = f.joins.iter().filter(|j| j.group == g.id).count()
-            + f.nodes
-                .iter()
-                .filter(|n| n.group == g.id && n.joining && n.heir_of.is_none())
-                .count()
-            - f.nodes
-                .iter()
-                .filter(|n| n.group == g.id && n.up_to_date && n.ready && n.joining && n.heir_of.is_none())
-                .filter(|n| {
-                    steps
-                        .iter()
-                        .any(|s| matches!(s, Step::Pair { heir, .. } if heir == &n.name))
-                })
-                .count();
+        let on_the_way = self.on_the_way(g, planned);
         let want = needing.saturating_sub(on_the_way);
         // Drained nodes that no heir (old, or paired just now) stands in for.
-        let drained_early = f
+        let drained_early = self
+            .f
             .nodes
             .iter()
             .filter(|n| {
@@ -359,22 +314,36 @@ pub fn plan(f: &Facts) -> Vec<Step> {
             })
             .count();
         let from_early = want.min(drained_early.saturating_sub(on_the_way));
-        let from_surge = (want - from_early).min(surge_left);
-        surge_left -= from_surge;
-        let count = from_early + from_surge;
-        if count > 0 {
-            steps.push(Step::Create {
-                group: g.id.clone(),
-                count,
-            });
-        }
+        let from_surge = (want - from_early).min(*surge_left);
+        *surge_left -= from_surge;
+        from_early + from_surge
     }
-    steps
+
+    /// Replacements on their way in group `g`: instances joining and joined
+    /// nodes not paired yet, less the mints `planned` pairs now.
+    fn on_the_way(&self, g: &GroupFacts, planned: &[Step]) -> usize {
+        let nodes = &self.f.nodes;
+        self.f.joins.iter().filter(|j| j.group == g.id).count()
+            + nodes
+                .iter()
+                .filter(|n| n.group == g.id && n.joining && n.heir_of.is_none())
+                .count()
+            - nodes
+                .iter()
+                .filter(|n| n.group == g.id && n.up_to_date && n.ready && n.joining && n.heir_of.is_none())
+                .filter(|n| {
+                    planned
+                        .iter()
+                        .any(|s| matches!(s, Step::Pair { heir, .. } if heir == &n.name))
+                })
+                .count()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rollout::JoinFacts;
 
     fn group(id: &str, role: Role) -> GroupFacts {
         GroupFacts {

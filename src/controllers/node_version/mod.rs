@@ -1,0 +1,229 @@
+//! The NodeVersion controller: replaces every node whose image or Kubernetes
+//! components differ from its NodeVersion, within the rollout's budgets.
+//!
+//! It gathers facts from its stores (Nodes, ScalingGroups, PendingNodes,
+//! NodeMaintenances) and asks the cloud only for what nodes lack (their group
+//! and image, then cached in annotations, as Constellation does). The plan
+//! itself is [`crate::rollout::plan`], a pure function. Event-driven: every
+//! change of a watched object reconciles the NodeVersions again.
+//!
+//! Creating an instance never leaks one: the PendingNode that tracks it is
+//! written first, and its UID is the idempotency key of the cloud call, so a
+//! leader that dies in between leaves a PendingNode its successor completes.
+//!
+//! A pass runs in phases, a module each: `gather` reads the facts; `decide`
+//! (what the planner is told, the pairings) and `status` (what the status
+//! says) are pure; `act` and `retire` change the world; `report` writes the
+//! status (through the write cache in `status_writes`), Events, metrics and
+//! the rollout's trace.
+
+mod act;
+mod decide;
+mod gather;
+mod report;
+mod retire;
+mod status;
+mod status_writes;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{Client, ResourceExt};
+
+pub use self::decide::{inheritable_labels, pairing_patches};
+pub use self::gather::Retired;
+pub use self::status::{Problems, STATUS_LIST_LIMIT};
+pub use self::status_writes::StatusWrites;
+use super::App;
+use super::replacement_trace::SentRoots;
+use crate::api::node_maintenance::medik8s;
+pub use crate::api::update::annotations::{
+    COMPONENTS_ANNOTATION, DONOR_ANNOTATION, GROUP_ANNOTATION, HEIR_ANNOTATION, IMAGE_ANNOTATION,
+    OBSOLETE_ANNOTATION, PAUSED_BY_ANNOTATION,
+};
+use crate::api::update::{AutoscalingStrategy, NodeVersion, PendingNode, Rollout, ScalingGroup, reason};
+use crate::cloud::CloudProvider;
+use crate::error::{Error, Result};
+use crate::etcd::EtcdClient;
+use crate::rollout;
+use crate::runtime::controller::{Action, Reconciler};
+use crate::runtime::leader::LeaderHandle;
+use crate::runtime::manager::{Manager, Source, always};
+use crate::runtime::store::{Key, Store};
+use crate::runtime::workqueue::WorkQueue;
+use crate::telemetry::Metrics;
+
+/// NodeMaintenances a rollout creates are named with this prefix.
+pub const DRAIN_PREFIX: &str = "nodewarden-replace-";
+
+/// The name of the NodeMaintenance that drains `node` for a rollout.
+pub fn drain_name(node: &str) -> String {
+    format!("{DRAIN_PREFIX}{node}")
+}
+
+/// The NodeVersion controller. Few NodeVersions exist, so any relevant
+/// change of a Node, PendingNode, ScalingGroup or rollout drain looks at all
+/// of them; Node updates only when they change what a rollout reads.
+pub fn register(manager: &mut Manager, app: &App) {
+    let Some(cloud) = app.cloud.clone() else {
+        return;
+    };
+    let mut c = manager.controller::<NodeVersion>("nodeversion", &app.objects);
+    let versions = c.store();
+    let all = move || versions.keys();
+    let every = all.clone();
+    let nodes = c.watches(&app.nodes, super::node_changed(), move |_: &Node| every());
+    let every = all.clone();
+    let pending = c.watches(&app.objects, always(), move |_: &PendingNode| every());
+    let every = all.clone();
+    let groups = c.watches(&app.objects, always(), move |_: &ScalingGroup| every());
+    let every = all;
+    let maintenances = c.watches(&app.objects, always(), move |m: &medik8s::NodeMaintenance| {
+        if m.name_any().starts_with(DRAIN_PREFIX) {
+            every()
+        } else {
+            Vec::new()
+        }
+    });
+    // Read, not watched: the autoscaler's strategies.
+    let strategies = c.reads::<AutoscalingStrategy>(&app.objects);
+    c.on_failure(app.report_failures());
+    let queue = c.queue();
+    c.register(NodeVersionReconciler {
+        client: app.client.clone(),
+        cloud,
+        leader: app.leader.clone(),
+        groups,
+        nodes,
+        pending,
+        maintenances,
+        strategies,
+        metrics: app.metrics.clone(),
+        recorder: app.recorder.clone(),
+        sent_roots: SentRoots::default(),
+        status_writes: StatusWrites::default(),
+        queue,
+        drains: app.drains.clone(),
+        retired: Retired::default(),
+        node_source: app.nodes.clone(),
+        object_source: app.objects.clone(),
+        rollout_defaults: app.rollout.clone(),
+        etcd: app.etcd.clone(),
+        etcd_turn: Default::default(),
+    });
+}
+
+/// Replaces outdated nodes of one NodeVersion (see the module docs).
+pub struct NodeVersionReconciler {
+    /// The API client.
+    pub client: Client,
+    /// The cloud that creates and deletes instances.
+    pub cloud: Arc<dyn CloudProvider>,
+    /// This replica's leadership, checked before anything disruptive.
+    pub leader: LeaderHandle,
+    /// The ScalingGroups.
+    pub groups: Store<ScalingGroup>,
+    /// The managed Nodes.
+    pub nodes: Store<Node>,
+    /// The PendingNodes that track joining and leaving instances.
+    pub pending: Store<PendingNode>,
+    /// The NodeMaintenances (the rollout drains through them).
+    pub maintenances: Store<medik8s::NodeMaintenance>,
+    /// The autoscaler's strategies (paused during a rollout).
+    pub strategies: Store<AutoscalingStrategy>,
+    /// Rollout metrics.
+    pub metrics: Metrics,
+    /// Publishes the rollout's Events on its NodeVersion.
+    pub recorder: kube::runtime::events::Recorder,
+    /// Replacement roots this replica sent.
+    pub sent_roots: SentRoots,
+    /// Status writes in flight.
+    pub status_writes: StatusWrites,
+    /// The drains of this replica: a drained node's pods as its drain's
+    /// watch sees them (see `evict_stragglers`).
+    pub drains: crate::drain::DrainEngine,
+    /// Nodes this replica deleted that the store may still show.
+    pub retired: Retired,
+    /// This controller's queue (a failed status write queues its object).
+    pub queue: WorkQueue<Key<NodeVersion>>,
+    /// The Nodes the `nodes` store watches, for a fresh read.
+    pub node_source: Source,
+    /// The PendingNodes the `pending` store watches, for a fresh read.
+    pub object_source: Source,
+    /// The rollout settings a NodeVersion that leaves a field out gets.
+    pub rollout_defaults: Rollout,
+    /// etcd, whose member a control-plane node loses before it is
+    /// retired; None: etcd is not nodewarden's to touch.
+    pub etcd: Option<Arc<EtcdClient>>,
+    /// One member removal at a time: each is judged on a member list that
+    /// another in flight would change.
+    pub etcd_turn: tokio::sync::Mutex<()>,
+}
+
+/// How soon a retirement waiting for etcd looks again: etcd's health is
+/// not watched, so nothing else would wake it.
+const ETCD_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Reconciler for NodeVersionReconciler {
+    type Object = NodeVersion;
+    type Error = Error;
+
+    async fn reconcile(&self, key: &Key<NodeVersion>, nv: Option<Arc<NodeVersion>>) -> Result<Action> {
+        let Some(nv) = nv else {
+            self.forget_metrics(&key.name);
+            return Ok(Action::Done);
+        };
+        match self.roll_out(&nv).await {
+            // Say so on the object: the retry alone is only in the logs.
+            Err(Error::Cloud(e)) => {
+                self.report_error(&nv, reason::CLOUD_ERROR, e.to_string()).await?;
+                Err(Error::Cloud(e))
+            }
+            Err(Error::Etcd(e)) => {
+                self.report_error(&nv, reason::ETCD_ERROR, e.to_string()).await?;
+                Err(Error::Etcd(e))
+            }
+            done => done,
+        }
+    }
+}
+
+impl NodeVersionReconciler {
+    /// One pass of the rollout: gather the facts (and settle the joins they
+    /// show), decide (pure), act step by step, report.
+    async fn roll_out(&self, nv: &Arc<NodeVersion>) -> Result<Action> {
+        // Gather: the stores, the cloud for what nodes lack (a node it was
+        // asked about is in scope as written), and the joins settled.
+        let annotated = self.annotate_unknown_nodes().await?;
+        let scope = self.scope(nv, annotated);
+        let joins = self.settle_joins(nv, &scope).await?;
+        // Decide.
+        let node_facts = decide::node_facts(nv, &scope, &joins, |node| self.drain_state(node));
+        let in_force = self.rollout(nv);
+        let facts = decide::facts(&in_force, &scope, &node_facts, &joins);
+        let steps = rollout::plan(&facts);
+        let counts = rollout::counts(&facts);
+        // Act, within the rollout's trace (its replacements link to it). The
+        // metrics come before the autoscaler's pause: a pause that fails
+        // hides no progress.
+        let rollout_trace = self.trace_rollout(nv, &counts).await?;
+        let etcd_waits = self.carry_out_all(nv, &steps, &scope, rollout_trace).await?;
+        self.record_metrics(nv, &counts, !steps.is_empty());
+        self.pause_autoscaling(&nv.name_any(), counts.outdated > 0)
+            .await?;
+        // Report.
+        let problems = self.problems(&scope, etcd_waits);
+        let pass = status::Pass {
+            facts: &facts,
+            counts: &counts,
+            steps: &steps,
+            problems: &problems,
+        };
+        self.write_status(nv, &pass).await?;
+        if problems.etcd_waits.is_empty() {
+            Ok(Action::Done)
+        } else {
+            Ok(Action::RequeueAfter(ETCD_RECHECK))
+        }
+    }
+}

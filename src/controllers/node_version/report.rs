@@ -1,0 +1,269 @@
+//! Reporting a pass: its status (written through `status_writes`), the
+//! Degraded condition of a pass that failed, Events, metrics and the
+//! rollout's trace.
+
+use std::time::SystemTime;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::json;
+
+use super::NodeVersionReconciler;
+use super::status::{Pass, next_status};
+use crate::api::conditions::set_condition;
+use crate::api::update::{NodeVersion, NodeVersionStatus, condition};
+use crate::controllers::replacement_trace::{FinishedReplacement, trace_node_deleted, trace_rollout_end};
+use crate::error::Result;
+use crate::rollout;
+use crate::telemetry::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
+use crate::telemetry::trace::{self, TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent};
+
+impl NodeVersionReconciler {
+    /// An Event on `nv` (in the background: never a reason to fail).
+    pub(super) fn event(&self, nv: &NodeVersion, type_: EventType, reason: &str, note: String) {
+        use kube::Resource;
+        let event = crate::controllers::event(type_, reason, "Rollout", &note);
+        crate::controllers::spawn_event(&self.recorder, event, nv.object_ref(&()));
+    }
+
+    /// Degraded=True with `reason` and the error's message (cleared by the
+    /// next pass that gets through).
+    pub(super) async fn report_error(&self, nv: &NodeVersion, reason: &str, message: String) -> Result<()> {
+        // After the last pass's status (that write would undo this one), and
+        // built on it.
+        let mut status = self.status_writes.latest(nv).await;
+        let before = status.rollout_conditions.clone();
+        set_condition(
+            &mut status.rollout_conditions,
+            condition::DEGRADED,
+            true,
+            reason,
+            message,
+            nv.metadata.generation,
+            Timestamp::now(),
+        );
+        if status.rollout_conditions == before {
+            return Ok(());
+        }
+        let api: Api<NodeVersion> = Api::all(self.client.clone());
+        let written = api
+            .patch_status(
+                &nv.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"rolloutConditions": &status.rollout_conditions}})),
+            )
+            .await?;
+        self.status_writes
+            .written(&nv.name_any(), status, written.metadata.resource_version);
+        Ok(())
+    }
+
+    /// One trace per rollout: started (on the NodeVersion) when nodes are
+    /// outdated, its root span sent when none are left. Returns the trace
+    /// replacements link to.
+    pub(super) async fn trace_rollout(
+        &self,
+        nv: &NodeVersion,
+        counts: &rollout::Counts,
+    ) -> Result<Option<TraceParent>> {
+        let api: Api<NodeVersion> = Api::all(self.client.clone());
+        let current = trace::from_annotations(nv.metadata.annotations.as_ref());
+        match (current, counts.outdated > 0) {
+            (Some((tp, _)), true) => Ok(Some(tp)),
+            (None, true) => {
+                let tp = TraceParent::new_root();
+                let patch = json!({"metadata": {"annotations": {
+                    TRACEPARENT_ANNOTATION: tp.header(),
+                    TRACE_STARTED_ANNOTATION: trace::format_time(SystemTime::now()),
+                }}});
+                api.patch(&nv.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                self.event(
+                    nv,
+                    EventType::Normal,
+                    "RolloutStarted",
+                    format!(
+                        "replacing {} of {} nodes to run image {}",
+                        counts.outdated, counts.nodes, nv.spec.image
+                    ),
+                );
+                Ok(Some(tp))
+            }
+            (Some((tp, started)), false) => {
+                let surge = self.rollout(nv).limits_for(counts.nodes, 1).max_surge;
+                let (started, now) = trace_rollout_end(&tp, started, nv, counts.nodes, surge).await;
+                let patch = json!({"metadata": {"annotations": {
+                    TRACEPARENT_ANNOTATION: null,
+                    TRACE_STARTED_ANNOTATION: null,
+                }}});
+                api.patch(&nv.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                let seconds = now.duration_since(started).unwrap_or_default().as_secs_f64();
+                tracing::info!(
+                    trace_id = %tp.trace_id,
+                    nodeversion = %nv.name_any(),
+                    seconds,
+                    "rollout finished"
+                );
+                self.event(
+                    nv,
+                    EventType::Normal,
+                    "RolloutFinished",
+                    format!(
+                        "all {} nodes run image {} ({seconds:.0} s)",
+                        counts.nodes, nv.spec.image
+                    ),
+                );
+                Ok(None)
+            }
+            (None, false) => Ok(None),
+        }
+    }
+
+    /// The old Node is gone: count it, close its trace, tell the NodeVersion.
+    pub(super) fn finish_replacement(
+        &self,
+        nv: &NodeVersion,
+        finished: &FinishedReplacement<'_>,
+        trace: Option<&(TraceParent, Option<SystemTime>)>,
+        deleting: SystemTime,
+    ) {
+        self.metrics
+            .replacements
+            .get_or_create(&NodeVersionLabels {
+                nodeversion: finished.nodeversion.to_string(),
+            })
+            .inc();
+        if let Some(trace) = trace {
+            trace_node_deleted(finished, trace, deleting);
+        }
+        self.event(
+            nv,
+            EventType::Normal,
+            "NodeReplaced",
+            format!(
+                "node {} replaced by {} (scaling group {})",
+                finished.donor.name_any(),
+                finished.heir,
+                finished.group
+            ),
+        );
+    }
+
+    pub(super) fn record_metrics(&self, nv: &NodeVersion, counts: &rollout::Counts, stepped: bool) {
+        let nodeversion = nv.name_any();
+        // Progress: a step taken, or a node changed from outdated to up to date.
+        let mut progressed = stepped;
+        for (state, n) in [
+            (NodeState::UpToDate, counts.up_to_date),
+            (NodeState::Outdated, counts.outdated),
+            (NodeState::Replacing, counts.surge + counts.unavailable),
+        ] {
+            let labels = NodeStateLabels {
+                nodeversion: nodeversion.clone(),
+                state,
+            };
+            let before = self.metrics.nodes.get_or_create(&labels).set(n as i64);
+            progressed |= before != n as i64 && state != NodeState::Replacing;
+        }
+        let ratio = if counts.nodes == 0 {
+            1.0
+        } else {
+            counts.up_to_date as f64 / counts.nodes as f64
+        };
+        let labels = NodeVersionLabels { nodeversion };
+        self.metrics.rollout_progress.get_or_create(&labels).set(ratio);
+        if progressed || self.metrics.rollout_last_progress.get(&labels).is_none() {
+            self.mark_progress(&labels.nodeversion);
+        }
+    }
+
+    fn mark_progress(&self, nodeversion: &str) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.metrics
+            .rollout_last_progress
+            .get_or_create(&NodeVersionLabels {
+                nodeversion: nodeversion.to_string(),
+            })
+            .set(now);
+    }
+
+    pub(super) fn forget_metrics(&self, nodeversion: &str) {
+        let labels = NodeVersionLabels {
+            nodeversion: nodeversion.to_string(),
+        };
+        self.metrics.rollout_progress.remove(&labels);
+        self.metrics.rollout_last_progress.remove(&labels);
+        for state in NodeState::ALL {
+            self.metrics.nodes.remove(&NodeStateLabels {
+                nodeversion: nodeversion.to_string(),
+                state,
+            });
+        }
+    }
+
+    /// Writes the status after `pass` (in the background, see
+    /// `StatusWrites`), and tells of new settings in force or a new reason
+    /// the rollout is blocked.
+    pub(super) async fn write_status(&self, nv: &NodeVersion, pass: &Pass<'_>) -> Result<()> {
+        // The last write landed first (merge patches land in order), and
+        // the status is built on it.
+        let base = self.status_writes.latest(nv).await;
+        let status = next_status(&base, nv, pass, &self.rollout_defaults, Timestamp::now());
+        if status == base {
+            return Ok(());
+        }
+        self.status_writes
+            .start(self.client.clone(), &self.queue, nv, status.clone());
+        self.announce_changes(nv, &base, &status);
+        Ok(())
+    }
+
+    /// Events for what changed from `before` to `after`: the settings in
+    /// force, and the reason the rollout is Degraded.
+    fn announce_changes(&self, nv: &NodeVersion, before: &NodeVersionStatus, after: &NodeVersionStatus) {
+        if let Some(message) = settings_in_force(&after.rollout_conditions)
+            && settings_in_force(&before.rollout_conditions).as_ref() != Some(&message)
+        {
+            self.event(
+                nv,
+                EventType::Normal,
+                "RolloutSettings",
+                format!("in force: {message}"),
+            );
+        }
+        let was = degraded(&before.rollout_conditions);
+        if let Some((reason, message)) = degraded(&after.rollout_conditions)
+            && was.as_ref().map(|b| &b.0) != Some(&reason)
+        {
+            self.event(
+                nv,
+                EventType::Warning,
+                "RolloutBlocked",
+                format!("{reason}: {message}"),
+            );
+        }
+    }
+}
+
+/// The reason and message of a Degraded condition that is True.
+fn degraded(conditions: &[Condition]) -> Option<(String, String)> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == condition::DEGRADED && c.status == "True")
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+/// The settings in force, as the RolloutSettings condition names them.
+fn settings_in_force(conditions: &[Condition]) -> Option<String> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == condition::ROLLOUT_SETTINGS)
+        .map(|c| c.message.clone())
+}
