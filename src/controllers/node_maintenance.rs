@@ -20,7 +20,7 @@ use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::App;
+use super::{App, finalizer};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{
     MaintenanceObject, MaintenancePhase, NodeMaintenanceStatus, kubevirt, medik8s, parse_duration,
@@ -355,11 +355,7 @@ pub fn to_finish(finalizers: &[String]) -> bool {
 /// The finalizers left once nodewarden finished a maintenance: its own and
 /// the Node Maintenance Operator's go, any other tool's stay.
 pub fn finalizers_after_leaving(finalizers: &[String]) -> Vec<String> {
-    finalizers
-        .iter()
-        .filter(|f| *f != FINALIZER && *f != NMO_FINALIZER)
-        .cloned()
-        .collect()
+    finalizer::without(finalizers, &[FINALIZER, NMO_FINALIZER])
 }
 
 /// The event for a phase change.
@@ -490,7 +486,7 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
         let api: Api<M> = Api::all(self.ctx.client.clone());
         let owner = owner_of(obj.as_ref());
         let node_name = obj.node_name().to_string();
-        let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
+        let has_finalizer = finalizer::holds(obj.as_ref(), FINALIZER);
 
         if obj.meta().deletion_timestamp.is_some() {
             if to_finish(obj.finalizers()) {
@@ -499,9 +495,7 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
             return Ok(Action::Done);
         }
         if !has_finalizer {
-            let mut finalizers = obj.finalizers().to_vec();
-            finalizers.push(FINALIZER.to_string());
-            patch_finalizers(&api, obj.as_ref(), finalizers).await?;
+            finalizer::add(&api, obj.as_ref(), FINALIZER).await?;
             if begun_by_nmo(obj.finalizers()) {
                 self.event(
                     &obj.object_ref(&()),
@@ -778,7 +772,8 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         if !holds_lease {
             self.release_lease(node_name).await?;
         }
-        patch_finalizers(api, obj, finalizers_after_leaving(obj.finalizers())).await?;
+        // Both finalizers in one write: nodewarden's and the Node Maintenance Operator's.
+        finalizer::replace(api, obj, &finalizers_after_leaving(obj.finalizers())).await?;
         self.ctx.release(owner);
         self.event(
             &obj.object_ref(&()),
@@ -962,18 +957,6 @@ pub fn status_patch(status: &NodeMaintenanceStatus, version: Option<&str>) -> se
         }
     }
     patch
-}
-
-/// Replaces the finalizer list, conditioned on the object's resourceVersion.
-async fn patch_finalizers<M: MaintenanceObject>(
-    api: &Api<M>,
-    obj: &M,
-    finalizers: Vec<String>,
-) -> Result<()> {
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()}});
-    api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
 }
 
 /// The NodeMaintenance controllers of both API groups (medik8s and

@@ -25,8 +25,8 @@ use kube::api::{
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 
-use super::App;
 use super::replacement_trace::TRACE_FLUSH_TIMEOUT;
+use super::{App, finalizer};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::plan::{NodeUpgrade, Plan, PlanStatus, node_label};
@@ -209,7 +209,7 @@ impl Reconciler for PlanReconciler {
         if plan.metadata.deletion_timestamp.is_some() {
             return self.finalize(&plan).await;
         }
-        if !plan.finalizers().iter().any(|f| f == FINALIZER) {
+        if !finalizer::holds(plan.as_ref(), FINALIZER) {
             // The update brings the plan back through the watch.
             return self.add_finalizer(&plan).await.map(|_| Action::Done);
         }
@@ -1481,15 +1481,12 @@ impl PlanReconciler {
 
     async fn add_finalizer(&self, plan: &Plan) -> Result<()> {
         self.ctx.leader.ensure_leader()?;
-        let mut finalizers = plan.finalizers().to_vec();
-        finalizers.push(FINALIZER.into());
-        let patch = serde_json::json!({
-            "metadata": { "finalizers": finalizers, "resourceVersion": plan.resource_version() }
-        });
-        let api: Api<Plan> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
-        api.patch(&plan.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        Ok(())
+        finalizer::add(&self.plans_api(plan), plan, FINALIZER).await
+    }
+
+    /// The Plans of `plan`'s namespace.
+    fn plans_api(&self, plan: &Plan) -> Api<Plan> {
+        Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default())
     }
 
     /// A deleted plan: release every node it touched (those it lists, and
@@ -1500,7 +1497,7 @@ impl PlanReconciler {
     /// its concurrency; the storms' seed 7). A maintenance's deletion wakes
     /// the plan (its labels name it).
     async fn finalize(&self, plan: &Plan) -> Result<Action> {
-        if !plan.finalizers().iter().any(|f| f == FINALIZER) {
+        if !finalizer::holds(plan, FINALIZER) {
             return Ok(Action::Done);
         }
         self.ctx
@@ -1556,24 +1553,8 @@ impl PlanReconciler {
             tracing::debug!(plan = %plan.key(), nodes = ?left, "waiting for the plan's maintenances to be gone");
             return Ok(Action::RequeueAfter(Duration::from_secs(2)));
         }
-        let finalizers: Vec<String> = plan
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        let patch = serde_json::json!({
-            "metadata": { "finalizers": finalizers, "resourceVersion": plan.resource_version() }
-        });
-        let api: Api<Plan> = Api::namespaced(self.ctx.client.clone(), &plan.namespace().unwrap_or_default());
-        match api
-            .patch(&plan.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(Action::Done),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::Done),
-            Err(e) => Err(e.into()),
-        }
+        finalizer::remove(&self.plans_api(plan), plan, FINALIZER).await?;
+        Ok(Action::Done)
     }
 }
 

@@ -80,6 +80,13 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         ".patch(",
         ResourceVersion,
     ),
+    // Every controller's finalizer list (`finalizer::add`, `remove`, `replace`).
+    (
+        "controllers/finalizer.rs",
+        "patch_list",
+        "api.patch(",
+        ResourceVersion,
+    ),
     (
         "controllers/joining_node.rs",
         "delete",
@@ -166,12 +173,6 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         "event",
         ".publish(",
         Harmless(EVENT),
-    ),
-    (
-        "controllers/node_maintenance.rs",
-        "patch_finalizers",
-        ".patch(",
-        ResourceVersion,
     ),
     (
         "controllers/node_version.rs",
@@ -416,8 +417,6 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         ".replace_status(",
         ResourceVersion,
     ),
-    ("controllers/plan.rs", "add_finalizer", ".patch(", ResourceVersion),
-    ("controllers/plan.rs", "finalize", ".patch(", ResourceVersion),
     (
         "controllers/scaling_group.rs",
         "discover_and_create",
@@ -486,6 +485,7 @@ const SOURCES: &[(&str, &str)] = &[
         "controllers/autoscaling_strategy.rs",
         include_str!("autoscaling_strategy.rs"),
     ),
+    ("controllers/finalizer.rs", include_str!("finalizer.rs")),
     ("controllers/joining_node.rs", include_str!("joining_node.rs")),
     ("controllers/mod.rs", include_str!("mod.rs")),
     ("controllers/no_cloud.rs", include_str!("no_cloud.rs")),
