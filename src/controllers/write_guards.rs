@@ -363,26 +363,26 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         Harmless(CLOUD_ANSWER),
     ),
     (
-        "controllers/plan.rs",
+        "controllers/plan/mod.rs",
         "create_maintenance",
         "api.create(",
         CreateOnce,
     ),
-    ("controllers/plan.rs", "cordon", "api.replace(", ResourceVersion),
+    ("controllers/plan/mod.rs", "cordon", "api.replace(", ResourceVersion),
     (
-        "controllers/plan.rs",
+        "controllers/plan/mod.rs",
         "create_job_once",
         "api.create(",
         CreateOnce,
     ),
     (
-        "controllers/plan.rs",
+        "controllers/plan/mod.rs",
         "retry_prepare",
         "delete_if_present(",
         DeletePreconditions,
     ),
     (
-        "controllers/plan.rs",
+        "controllers/plan/mod.rs",
         "label",
         "api.patch(",
         Harmless(
@@ -393,26 +393,26 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         ),
     ),
     (
-        "controllers/plan.rs",
+        "controllers/plan/mod.rs",
         "delete_jobs",
         "delete_if_present(",
         DeletePreconditions,
     ),
     (
-        "controllers/plan.rs",
+        "controllers/plan/mod.rs",
         "release",
         "delete_if_present(&maintenances",
         DeletePreconditions,
     ),
-    ("controllers/plan.rs", "release", "api.replace(", ResourceVersion),
+    ("controllers/plan/mod.rs", "release", "api.replace(", ResourceVersion),
     (
-        "controllers/plan.rs",
+        "controllers/plan/mod.rs",
         "release",
         "delete_if_present(&jobs",
         DeletePreconditions,
     ),
     (
-        "controllers/plan.rs",
+        "controllers/plan/mod.rs",
         "write_status",
         ".replace_status(",
         ResourceVersion,
@@ -495,7 +495,7 @@ const SOURCES: &[(&str, &str)] = &[
     ),
     ("controllers/node_version.rs", include_str!("node_version.rs")),
     ("controllers/pending_node.rs", include_str!("pending_node.rs")),
-    ("controllers/plan.rs", include_str!("plan.rs")),
+    ("controllers/plan/mod.rs", include_str!("plan/mod.rs")),
     (
         "controllers/replacement_trace.rs",
         include_str!("replacement_trace.rs"),
@@ -524,7 +524,7 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// The directories whose every file must be in [`SOURCES`].
-const DIRECTORIES: &[&str] = &["controllers", "drain", "sip", "upgrade"];
+const DIRECTORIES: &[&str] = &["controllers", "controllers/plan", "drain", "sip", "upgrade"];
 
 /// One write call found: where, in which fn, and the line.
 #[derive(Debug)]
