@@ -2,9 +2,10 @@
 """Fails when the nodewarden library's modules import each other in a cycle.
 
 The nodes are the library's top-level modules (src/<m>.rs or src/<m>/) and the
-files of src/controllers/ (each controller its own node); an edge A -> B is a
-reference to `crate::B` (or, between controllers, `super::B`) in A's code,
-its unit tests left out. Prints each cycle and exits 1 when there is one.
+controllers of src/controllers/ (each its own node, a file or a directory); an
+edge A -> B is a reference to `crate::B` (or, between controllers, `super::B`)
+in A's code, its unit tests left out. Prints each cycle and exits 1 when there
+is one.
 """
 import os
 import re
@@ -27,7 +28,12 @@ top = sorted(
     if n not in ("lib.rs", "main.rs") and (n.endswith(".rs") or os.path.isdir(os.path.join(src, n)))
 )
 controllers_dir = os.path.join(src, "controllers")
-controllers = sorted(n[:-3] for n in os.listdir(controllers_dir) if n.endswith(".rs") and n != "mod.rs")
+# A controller is a file, or a directory of files (its mod.rs and its parts).
+controllers = sorted(
+    n[:-3] if n.endswith(".rs") else n
+    for n in os.listdir(controllers_dir)
+    if (n.endswith(".rs") and n != "mod.rs") or os.path.isdir(os.path.join(controllers_dir, n))
+)
 
 files = {}  # node -> [paths]
 for m in top:
@@ -40,7 +46,11 @@ for m in top:
         files[m] = [d + ".rs"]
 files["controllers"] = [os.path.join(controllers_dir, "mod.rs")]
 for c in controllers:
-    files["controllers::" + c] = [os.path.join(controllers_dir, c + ".rs")]
+    d = os.path.join(controllers_dir, c)
+    if os.path.isdir(d):
+        files["controllers::" + c] = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if f.endswith(".rs")]
+    else:
+        files["controllers::" + c] = [d + ".rs"]
 
 edges = {n: set() for n in files}
 for node, paths in files.items():
@@ -58,8 +68,12 @@ for node, paths in files.items():
             elif m in files and m != node:
                 edges[node].add(m)
         if node.startswith("controllers::"):
-            names = re.findall(r"\bsuper::([a-z_]+)", text)
-            for group in re.findall(r"\bsuper::\{([^}]*)\}", text):
+            # `super::` of a controller's file is controllers/; a part of a
+            # controller's directory reaches it one `super::` further up.
+            rel = os.path.relpath(p, controllers_dir).split(os.sep)
+            up = r"\bsuper::" * (len(rel) - (rel[-1] == "mod.rs"))
+            names = re.findall(up + r"([a-z_]+)", text)
+            for group in re.findall(up + r"\{([^}]*)\}", text):
                 names += re.findall(r"\b([a-z_]+)\b", group)
             for c in set(names):
                 if c in controllers and "controllers::" + c != node:
