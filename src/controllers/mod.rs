@@ -4,6 +4,7 @@
 //! Adding a controller is a new file here plus one line in [`register_all`].
 
 pub mod autoscaling_strategy;
+pub mod finalizer;
 pub mod joining_node;
 pub mod no_cloud;
 pub mod node_maintenance;

@@ -20,14 +20,14 @@ use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::App;
+use super::{App, finalizer};
 use crate::api::conditions::set_condition;
 use crate::api::node_maintenance::{
     MaintenanceObject, MaintenancePhase, NodeMaintenanceStatus, kubevirt, medik8s, parse_duration,
 };
 use crate::drain::kubectl::{self, KubectlDrain};
 use crate::drain::node::{self as quarantine, Quarantine};
-use crate::drain::{DrainEngine, DrainOptions, DrainOutcome, DrainStatus};
+use crate::drain::{DrainEngine, DrainOptions, DrainOutcome, DrainProgress, DrainStatus};
 use crate::error::{Category, Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
@@ -237,98 +237,139 @@ pub fn status_for(
     let mut s = prev.cloned().unwrap_or_default();
     s.total_pods_legacy = None;
     let mut conditions = s.conditions.take().unwrap_or_default();
-    let (phase, drained, reason, message): (MaintenancePhase, bool, &str, String) = match (decision, drain) {
+    let verdict = match (decision, drain) {
         (Decision::Fail { reason, message }, _) => {
             s.last_error = Some(message.clone());
-            (MaintenancePhase::Failed, false, reason, message.clone())
+            Verdict::new(MaintenancePhase::Failed, false, reason, message.clone())
         }
         (Decision::Wait { reason, message }, _) => {
             if *reason == "LeaseHeld" {
                 s.error_on_lease_count = Some(s.error_on_lease_count.unwrap_or(0) + 1);
             }
             s.last_error = Some(message.clone());
-            (MaintenancePhase::Running, false, reason, message.clone())
+            Verdict::new(MaintenancePhase::Running, false, reason, message.clone())
         }
-        (Decision::Drain, None) => (
+        (Decision::Drain, None) => Verdict::new(
             MaintenancePhase::Running,
             false,
             "Draining",
             "drain starting".to_string(),
         ),
         (Decision::Drain, Some(d)) => {
-            let p = &d.progress;
-            s.total_pods = Some(p.total_pods);
-            s.eviction_pods = Some(p.eviction_pods);
-            s.drain_progress = Some(p.percent());
-            s.pending_pods = Some(p.pending.iter().map(|r| r.name.clone()).collect());
-            s.pending_pods_refs = Some(p.pending.clone());
-            s.pending_pods_count = Some(p.pending.len() as i32);
-            s.blocked_by = (!p.blocked.is_empty()).then(|| p.blocked.clone());
-            s.last_error = p.last_error.clone();
-            match d.outcome {
-                DrainOutcome::Succeeded => {
-                    // Refusals met on the way are history once the drain is done.
-                    s.last_error = None;
-                    s.blocked_by = None;
-                    (
-                        MaintenancePhase::Succeeded,
-                        true,
-                        "Drained",
-                        format!("{} pods evicted", p.eviction_pods),
-                    )
-                }
-                DrainOutcome::TimedOut => {
-                    let blockers = if p.blocked.is_empty() {
-                        p.pending
-                            .iter()
-                            .map(|r| format!("{}/{}", r.namespace, r.name))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    } else {
-                        p.blocked
-                            .iter()
-                            .map(|b| format!("{} blocked by {}", b.pod, b.pdb))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    };
-                    let message = format!("drain did not finish within spec.drainTimeout: {blockers}");
-                    s.last_error = Some(message.clone());
-                    (MaintenancePhase::Failed, false, "DrainTimeout", message)
-                }
-                DrainOutcome::Running if !p.blocked.is_empty() => {
-                    let names = p.blocked.iter().map(|b| b.pdb.clone()).collect::<BTreeSet<_>>();
-                    (
-                        MaintenancePhase::Running,
-                        false,
-                        "BlockedByPDB",
-                        format!(
-                            "eviction of {} pods refused by PodDisruptionBudget {}",
-                            p.blocked.len(),
-                            names.into_iter().collect::<Vec<_>>().join(", ")
-                        ),
-                    )
-                }
-                DrainOutcome::Running => (
-                    MaintenancePhase::Running,
-                    false,
-                    "Draining",
-                    format!("{} of {} pods to evict left", p.pending.len(), p.eviction_pods),
-                ),
-            }
+            record_progress(&mut s, &d.progress);
+            drain_verdict(&mut s, d)
         }
     };
-    s.phase = Some(phase);
+    s.phase = Some(verdict.phase);
     set_condition(
         &mut conditions,
         "Drained",
-        drained,
-        reason,
-        message,
+        verdict.drained,
+        verdict.reason,
+        verdict.message,
         generation,
         now,
     );
     s.conditions = Some(conditions);
     s
+}
+
+/// What a status says: its phase, and its Drained condition.
+struct Verdict {
+    phase: MaintenancePhase,
+    drained: bool,
+    reason: &'static str,
+    message: String,
+}
+
+impl Verdict {
+    fn new(phase: MaintenancePhase, drained: bool, reason: &'static str, message: String) -> Self {
+        Verdict {
+            phase,
+            drained,
+            reason,
+            message,
+        }
+    }
+}
+
+/// The drain's counts, pending pods, blockers and last error, as the
+/// status shows them.
+fn record_progress(s: &mut NodeMaintenanceStatus, p: &DrainProgress) {
+    s.total_pods = Some(p.total_pods);
+    s.eviction_pods = Some(p.eviction_pods);
+    s.drain_progress = Some(p.percent());
+    s.pending_pods = Some(p.pending.iter().map(|r| r.name.clone()).collect());
+    s.pending_pods_refs = Some(p.pending.clone());
+    s.pending_pods_count = Some(p.pending.len() as i32);
+    s.blocked_by = (!p.blocked.is_empty()).then(|| p.blocked.clone());
+    s.last_error = p.last_error.clone();
+}
+
+/// What a running or ended drain says.
+fn drain_verdict(s: &mut NodeMaintenanceStatus, d: &DrainStatus) -> Verdict {
+    let p = &d.progress;
+    match d.outcome {
+        DrainOutcome::Succeeded => {
+            // Refusals met on the way are history once the drain is done.
+            s.last_error = None;
+            s.blocked_by = None;
+            Verdict::new(
+                MaintenancePhase::Succeeded,
+                true,
+                "Drained",
+                format!("{} pods evicted", p.eviction_pods),
+            )
+        }
+        DrainOutcome::TimedOut => {
+            let message = format!(
+                "drain did not finish within spec.drainTimeout: {}",
+                timeout_blockers(p)
+            );
+            s.last_error = Some(message.clone());
+            Verdict::new(MaintenancePhase::Failed, false, "DrainTimeout", message)
+        }
+        DrainOutcome::Running if !p.blocked.is_empty() => Verdict::new(
+            MaintenancePhase::Running,
+            false,
+            "BlockedByPDB",
+            blocked_by_budgets(p),
+        ),
+        DrainOutcome::Running => Verdict::new(
+            MaintenancePhase::Running,
+            false,
+            "Draining",
+            format!("{} of {} pods to evict left", p.pending.len(), p.eviction_pods),
+        ),
+    }
+}
+
+/// What held a drain past its timeout: the pods a budget refused (with the
+/// budget), else the pods still pending.
+fn timeout_blockers(p: &DrainProgress) -> String {
+    if p.blocked.is_empty() {
+        p.pending
+            .iter()
+            .map(|r| format!("{}/{}", r.namespace, r.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    } else {
+        p.blocked
+            .iter()
+            .map(|b| format!("{} blocked by {}", b.pod, b.pdb))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A running drain's evictions refused: how many, by which budgets.
+fn blocked_by_budgets(p: &DrainProgress) -> String {
+    let names = p.blocked.iter().map(|b| b.pdb.clone()).collect::<BTreeSet<_>>();
+    format!(
+        "eviction of {} pods refused by PodDisruptionBudget {}",
+        p.blocked.len(),
+        names.into_iter().collect::<Vec<_>>().join(", ")
+    )
 }
 
 /// Two statuses equal but for the time of the update?
@@ -355,11 +396,7 @@ pub fn to_finish(finalizers: &[String]) -> bool {
 /// The finalizers left once nodewarden finished a maintenance: its own and
 /// the Node Maintenance Operator's go, any other tool's stay.
 pub fn finalizers_after_leaving(finalizers: &[String]) -> Vec<String> {
-    finalizers
-        .iter()
-        .filter(|f| *f != FINALIZER && *f != NMO_FINALIZER)
-        .cloned()
-        .collect()
+    finalizer::without(finalizers, &[FINALIZER, NMO_FINALIZER])
 }
 
 /// The event for a phase change.
@@ -490,7 +527,7 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
         let api: Api<M> = Api::all(self.ctx.client.clone());
         let owner = owner_of(obj.as_ref());
         let node_name = obj.node_name().to_string();
-        let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
+        let has_finalizer = finalizer::holds(obj.as_ref(), FINALIZER);
 
         if obj.meta().deletion_timestamp.is_some() {
             if to_finish(obj.finalizers()) {
@@ -499,9 +536,7 @@ impl<M: MaintenanceObject> Reconciler for NodeMaintenanceReconciler<M> {
             return Ok(Action::Done);
         }
         if !has_finalizer {
-            let mut finalizers = obj.finalizers().to_vec();
-            finalizers.push(FINALIZER.to_string());
-            patch_finalizers(&api, obj.as_ref(), finalizers).await?;
+            finalizer::add(&api, obj.as_ref(), FINALIZER).await?;
             if begun_by_nmo(obj.finalizers()) {
                 self.event(
                     &obj.object_ref(&()),
@@ -778,7 +813,8 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         if !holds_lease {
             self.release_lease(node_name).await?;
         }
-        patch_finalizers(api, obj, finalizers_after_leaving(obj.finalizers())).await?;
+        // Both finalizers in one write: nodewarden's and the Node Maintenance Operator's.
+        finalizer::replace(api, obj, &finalizers_after_leaving(obj.finalizers())).await?;
         self.ctx.release(owner);
         self.event(
             &obj.object_ref(&()),
@@ -962,18 +998,6 @@ pub fn status_patch(status: &NodeMaintenanceStatus, version: Option<&str>) -> se
         }
     }
     patch
-}
-
-/// Replaces the finalizer list, conditioned on the object's resourceVersion.
-async fn patch_finalizers<M: MaintenanceObject>(
-    api: &Api<M>,
-    obj: &M,
-    finalizers: Vec<String>,
-) -> Result<()> {
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()}});
-    api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
 }
 
 /// The NodeMaintenance controllers of both API groups (medik8s and
