@@ -2,8 +2,10 @@
 """Fails when the nodewarden library's modules import each other in a cycle.
 
 The nodes are the library's top-level modules (src/<m>.rs or src/<m>/) and the
-files of src/controllers/ (each controller its own node); an edge A -> B is a
-reference to `crate::B` (or, between controllers, `super::B`) in A's code,
+controllers of src/controllers/ (each controller its own node, a file or a
+directory); an edge A -> B is a reference to `crate::B` (or, between
+controllers, `super::B` from src/controllers/ and `super::super::B` one level
+below) in A's code,
 its unit tests left out. Prints each cycle and exits 1 when there is one.
 """
 import os
@@ -27,7 +29,11 @@ top = sorted(
     if n not in ("lib.rs", "main.rs") and (n.endswith(".rs") or os.path.isdir(os.path.join(src, n)))
 )
 controllers_dir = os.path.join(src, "controllers")
-controllers = sorted(n[:-3] for n in os.listdir(controllers_dir) if n.endswith(".rs") and n != "mod.rs")
+controllers = sorted(
+    n[:-3] if n.endswith(".rs") else n
+    for n in os.listdir(controllers_dir)
+    if (n.endswith(".rs") and n != "mod.rs") or os.path.isdir(os.path.join(controllers_dir, n))
+)
 
 files = {}  # node -> [paths]
 for m in top:
@@ -40,7 +46,20 @@ for m in top:
         files[m] = [d + ".rs"]
 files["controllers"] = [os.path.join(controllers_dir, "mod.rs")]
 for c in controllers:
-    files["controllers::" + c] = [os.path.join(controllers_dir, c + ".rs")]
+    d = os.path.join(controllers_dir, c)
+    if os.path.isdir(d):
+        files["controllers::" + c] = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs if f.endswith(".rs")]
+    else:
+        files["controllers::" + c] = [d + ".rs"]
+
+
+def parent(path):
+    """How a controller's file names src/controllers/: `super::` from
+    controllers/<c>.rs and controllers/<c>/mod.rs, one `super::` more per
+    level below."""
+    rel = os.path.relpath(path, controllers_dir).split(os.sep)
+    depth = len(rel) - (1 if rel[-1] == "mod.rs" else 0)
+    return r"\b" + "super::" * depth
 
 edges = {n: set() for n in files}
 for node, paths in files.items():
@@ -58,8 +77,9 @@ for node, paths in files.items():
             elif m in files and m != node:
                 edges[node].add(m)
         if node.startswith("controllers::"):
-            names = re.findall(r"\bsuper::([a-z_]+)", text)
-            for group in re.findall(r"\bsuper::\{([^}]*)\}", text):
+            up = parent(p)
+            names = re.findall(up + r"([a-z_]+)", text)
+            for group in re.findall(up + r"\{([^}]*)\}", text):
                 names += re.findall(r"\b([a-z_]+)\b", group)
             for c in set(names):
                 if c in controllers and "controllers::" + c != node:
