@@ -431,19 +431,19 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster/mod.rs",
+        "controllers/sip_cluster/act.rs",
         "patch_host",
         ".patch(",
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster/mod.rs",
+        "controllers/sip_cluster/act.rs",
         "release_claim",
         ".patch(",
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster/mod.rs",
+        "controllers/sip_cluster/act.rs",
         "apply_objects",
         "&Patch::Apply(",
         Harmless(
@@ -453,25 +453,25 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         ),
     ),
     (
-        "controllers/sip_cluster/mod.rs",
+        "controllers/sip_cluster/act.rs",
         "delete_listed",
         "delete_if_present(",
         DeletePreconditions,
     ),
     (
-        "controllers/sip_cluster/mod.rs",
+        "controllers/sip_cluster/report.rs",
         "write_status",
         ".replace_status(",
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster/mod.rs",
+        "controllers/sip_cluster/act.rs",
         "add_finalizer",
         ".patch(",
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster/mod.rs",
+        "controllers/sip_cluster/act.rs",
         "finalize",
         ".patch(",
         ResourceVersion,
@@ -503,8 +503,24 @@ const SOURCES: &[(&str, &str)] = &[
     ("controllers/rollout.rs", include_str!("rollout.rs")),
     ("controllers/scaling_group.rs", include_str!("scaling_group.rs")),
     (
+        "controllers/sip_cluster/act.rs",
+        include_str!("sip_cluster/act.rs"),
+    ),
+    (
+        "controllers/sip_cluster/decide.rs",
+        include_str!("sip_cluster/decide.rs"),
+    ),
+    (
+        "controllers/sip_cluster/gather.rs",
+        include_str!("sip_cluster/gather.rs"),
+    ),
+    (
         "controllers/sip_cluster/mod.rs",
         include_str!("sip_cluster/mod.rs"),
+    ),
+    (
+        "controllers/sip_cluster/report.rs",
+        include_str!("sip_cluster/report.rs"),
     ),
     ("drain/budgets.rs", include_str!("../drain/budgets.rs")),
     ("drain/engine.rs", include_str!("../drain/engine.rs")),
@@ -527,7 +543,13 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// The directories whose every file must be in [`SOURCES`].
-const DIRECTORIES: &[&str] = &["controllers", "drain", "sip", "upgrade"];
+const DIRECTORIES: &[&str] = &[
+    "controllers",
+    "controllers/sip_cluster",
+    "drain",
+    "sip",
+    "upgrade",
+];
 
 /// One write call found: where, in which fn, and the line.
 #[derive(Debug)]
