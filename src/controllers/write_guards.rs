@@ -448,8 +448,9 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         "&Patch::Apply(",
         Harmless(
             "the service objects (Deployment, Service, Secret, ConfigMap), recomputed from the \
-             hosts' claim labels (the record) every pass, at most 30 s apart: a late apply of an \
-             older host set is overwritten by the next pass, and it claims no host",
+             hosts' claim labels (the record) every pass: a late apply of an older host set \
+             changes objects the controller watches (owns), so the next pass overwrites it at \
+             once, and it claims no host",
         ),
     ),
     (

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::super::{delete_if_present, same_object};
 use super::decide::{self, ADOPTION_BLOCKED, Built, Failures, INFRA_FAILURE};
-use super::{FINALIZER, SipReconciler, claimed_by, host_id};
+use super::{FINALIZER, MANAGED_BY, SipReconciler, claimed_by, host_id};
 use crate::api::metal3::BareMetalHost;
 use crate::api::sip::{ROLES, SIPCluster, ServiceEndpoint, labels};
 use crate::error::{Error, Result};
@@ -244,7 +244,7 @@ impl SipReconciler {
     async fn delete_unwanted(&self, sip: &SIPCluster, keep: &BTreeSet<String>) -> Result<()> {
         let ns = sip.namespace().unwrap_or_default();
         let lp = ListParams::default().labels(&format!(
-            "{}={},app.kubernetes.io/managed-by=nodewarden",
+            "{}={},{MANAGED_BY}",
             services::CLUSTER_LABEL,
             sip.name_any()
         ));

@@ -81,6 +81,15 @@ fn short_name(id: &str) -> &str {
     id.rsplit_once('/').map_or(id, |(_, n)| n)
 }
 
+/// Whether `sip` renders a load balancer with the template ConfigMap
+/// `name` of its namespace (upstream's names, `services::*_TEMPLATE`): a
+/// change of that ConfigMap changes its services.
+pub(super) fn renders_with(sip: &SIPCluster, name: &str) -> bool {
+    let s = &sip.spec.services;
+    (name == services::CONTROL_PLANE_TEMPLATE.0 && !s.load_balancer_control_plane.is_empty())
+        || (name == services::WORKER_TEMPLATE.0 && !s.load_balancer_worker.is_empty())
+}
+
 /// Who owns the service objects: the SIPCluster, as their controller.
 pub(super) fn owner(sip: &SIPCluster) -> std::result::Result<Owner, Failures> {
     Ok(Owner {
@@ -390,6 +399,60 @@ mod tests {
         ];
         for (what, sip, from_upstream, want) in cases {
             assert_eq!(is_initial(&sip, from_upstream), want, "{what}");
+        }
+    }
+
+    /// (what, the SIPCluster's load balancers, the template ConfigMap
+    /// changed, whether its services change with it).
+    #[test]
+    fn a_template_concerns_the_clusters_with_its_load_balancer() {
+        let sip = |services: serde_json::Value| -> SIPCluster {
+            serde_json::from_value(json!({
+                "apiVersion": "airship.airshipit.org/v1", "kind": "SIPCluster",
+                "metadata": {"name": "c", "namespace": "sip"},
+                "spec": {"nodes": {}, "services": services},
+            }))
+            .expect("a sipcluster")
+        };
+        let cp = json!([{"image": "haproxy", "nodePort": 30000}]);
+        let worker = json!([{"image": "haproxy", "nodePortRange": {"start": 30001, "end": 30002}}]);
+        let (cp_template, worker_template) =
+            (services::CONTROL_PLANE_TEMPLATE.0, services::WORKER_TEMPLATE.0);
+        let cases = [
+            (
+                "control plane",
+                json!({"loadBalancerControlPlane": cp}),
+                cp_template,
+                true,
+            ),
+            (
+                "control plane, not the worker's",
+                json!({"loadBalancerControlPlane": cp}),
+                worker_template,
+                false,
+            ),
+            (
+                "worker",
+                json!({"loadBalancerWorker": worker}),
+                worker_template,
+                true,
+            ),
+            (
+                "worker, not the control plane's",
+                json!({"loadBalancerWorker": worker}),
+                cp_template,
+                false,
+            ),
+            ("no load balancer", json!({}), cp_template, false),
+            (
+                "another ConfigMap",
+                json!({"loadBalancerControlPlane": cp}),
+                "jumphost-c",
+                false,
+            ),
+        ];
+        for (what, services, template, want) in cases {
+            assert_eq!(renders_with(&sip(services), template), want, "{what}");
         }
     }
 

@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
@@ -29,9 +31,10 @@ use crate::api::sip::{SIPCluster, ServiceEndpoint, labels};
 use crate::error::{Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
-use crate::runtime::manager::{Manager, always};
+use crate::runtime::manager::{ControllerBuilder, Manager, Source, always, changed};
 use crate::runtime::store::{Key, Store};
 use crate::sip::schedule::{self, ClusterPlan, HostState};
+use crate::sip::services;
 use crate::telemetry::metrics::Metrics;
 use decide::{Failures, TEMPLATE_NOT_RENDERED};
 use gather::HostDetails;
@@ -41,15 +44,27 @@ pub use act::{claim_labels, host_patch, release_labels};
 /// Upstream's finalizer, so SIPClusters written for upstream keep working.
 pub const FINALIZER: &str = "sip.airship.airshipit.org/finalizer";
 
-/// How often a SIPCluster is looked at again without a change (services
-/// drift, a missing Secret created).
-const RECHECK: Duration = Duration::from_secs(30);
+/// How soon a Ready SIPCluster is looked at again without a change. What it
+/// makes (its service objects), its hosts and its template ConfigMaps are
+/// watched; the hosts' networkData and BMC Secrets and the jump hosts' key
+/// Secrets are only read: any Secret may be one, and a watch of every
+/// Secret of the cluster would cache every credential in it. A change of
+/// theirs shows this late (or at the next change of the SIPCluster).
+const RESYNC: Duration = Duration::from_secs(600);
 
-/// How soon a SIPCluster that is not Ready is looked at again.
+/// How soon a SIPCluster that is not Ready is looked at again: what it
+/// waits for may come without an event (a Secret created, an object
+/// another controller holds let go).
 const NOT_READY_RECHECK: Duration = Duration::from_secs(5);
+
+/// The label of every service object nodewarden made (beside
+/// [`services::CLUSTER_LABEL`]).
+const MANAGED_BY: &str = "app.kubernetes.io/managed-by=nodewarden";
 
 /// Registers the SIPCluster controller. BareMetalHosts are watched:
 /// a claimed host's change wakes its cluster, a free host's every cluster.
+/// The service objects wake the SIPCluster that controls them, and a
+/// template ConfigMap the SIPClusters of its namespace that render with it.
 pub fn register(manager: &mut Manager, app: &App) {
     let mut c = manager.controller::<SIPCluster>("sipcluster", &app.objects);
     let clusters = c.store();
@@ -63,6 +78,8 @@ pub fn register(manager: &mut Manager, app: &App) {
         },
     );
     let hosts = c.reads::<BareMetalHost>(&app.objects);
+    watch_services(&mut c);
+    watch_templates(&mut c, &clusters);
     c.on_failure(app.report_failures());
     c.register(SipReconciler {
         ctx: Arc::new(SipContext {
@@ -74,6 +91,51 @@ pub fn register(manager: &mut Manager, app: &App) {
             claiming: tokio::sync::Mutex::new(()),
         }),
     });
+}
+
+/// Each service object deleted or changed behind the controller's back
+/// wakes its SIPCluster, which applies it again at once. Only the objects
+/// nodewarden made are watched (their labels select them), not every
+/// Deployment, Service, Secret and ConfigMap of the cluster.
+fn watch_services(c: &mut ControllerBuilder<'_, SIPCluster>) {
+    let made = Source::labelled(Some(format!("{MANAGED_BY},{}", services::CLUSTER_LABEL)));
+    // A Deployment's status moves with its pods: only its spec (the
+    // generation), labels and owners are what nodewarden wrote.
+    let written = |d: &Deployment| {
+        let m = &d.metadata;
+        (m.generation, m.labels.clone(), m.owner_references.clone())
+    };
+    c.owns::<Deployment>(&made, changed(written));
+    // Every update of these is of what was written: a Secret and a
+    // ConfigMap have no status, a NodePort Service none that changes.
+    c.owns::<Service>(&made, always());
+    c.owns::<Secret>(&made, always());
+    c.owns::<ConfigMap>(&made, always());
+}
+
+/// A template ConfigMap (upstream's name, in a SIPCluster's namespace)
+/// wakes the SIPClusters of its namespace that render a load balancer with
+/// it: a user who edits a template sees it applied at once, not at the next
+/// resync. Each watch is of one name across namespaces, so only these
+/// ConfigMaps are cached, not every ConfigMap of the cluster.
+fn watch_templates(c: &mut ControllerBuilder<'_, SIPCluster>, clusters: &Store<SIPCluster>) {
+    for (name, _) in [services::CONTROL_PLANE_TEMPLATE, services::WORKER_TEMPLATE] {
+        let clusters = clusters.clone();
+        let source = Source {
+            field_selector: Some(format!("metadata.name={name}")),
+            ..Source::default()
+        };
+        c.watches(&source, always(), move |cm: &ConfigMap| {
+            let ns = cm.namespace();
+            let renders = |s: &SIPCluster| s.namespace() == ns && decide::renders_with(s, name);
+            clusters
+                .list()
+                .iter()
+                .filter(|s| renders(s))
+                .filter_map(|s| Key::of(s.as_ref()))
+                .collect()
+        });
+    }
 }
 
 /// The SIPCluster a host is labelled for.
@@ -145,9 +207,8 @@ impl Reconciler for SipReconciler {
             done: SystemTime::now(),
         };
         self.publish_round(&sip, &plan, &times).await;
-        // Not ready: a missing Secret or host may appear without an event here.
         Ok(Action::RequeueAfter(if ready {
-            RECHECK
+            RESYNC
         } else {
             NOT_READY_RECHECK
         }))
