@@ -445,47 +445,48 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster.rs",
+        "controllers/sip_cluster/act.rs",
         "patch_host",
         ".patch(",
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster.rs",
+        "controllers/sip_cluster/act.rs",
         "release_claim",
         ".patch(",
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster.rs",
+        "controllers/sip_cluster/act.rs",
         "apply_objects",
         "&Patch::Apply(",
         Harmless(
             "the service objects (Deployment, Service, Secret, ConfigMap), recomputed from the \
-             hosts' claim labels (the record) every pass, at most 30 s apart: a late apply of an \
-             older host set is overwritten by the next pass, and it claims no host",
+             hosts' claim labels (the record) every pass: a late apply of an older host set \
+             changes objects the controller watches (owns), so the next pass overwrites it at \
+             once, and it claims no host",
         ),
     ),
     (
-        "controllers/sip_cluster.rs",
+        "controllers/sip_cluster/act.rs",
         "delete_listed",
         "delete_if_present(",
         DeletePreconditions,
     ),
     (
-        "controllers/sip_cluster.rs",
+        "controllers/sip_cluster/report.rs",
         "write_status",
         ".replace_status(",
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster.rs",
+        "controllers/sip_cluster/act.rs",
         "add_finalizer",
         ".patch(",
         ResourceVersion,
     ),
     (
-        "controllers/sip_cluster.rs",
+        "controllers/sip_cluster/act.rs",
         "finalize",
         ".patch(",
         ResourceVersion,
@@ -551,7 +552,26 @@ const SOURCES: &[(&str, &str)] = &[
         include_str!("replacement_trace.rs"),
     ),
     ("controllers/scaling_group.rs", include_str!("scaling_group.rs")),
-    ("controllers/sip_cluster.rs", include_str!("sip_cluster.rs")),
+    (
+        "controllers/sip_cluster/act.rs",
+        include_str!("sip_cluster/act.rs"),
+    ),
+    (
+        "controllers/sip_cluster/decide.rs",
+        include_str!("sip_cluster/decide.rs"),
+    ),
+    (
+        "controllers/sip_cluster/gather.rs",
+        include_str!("sip_cluster/gather.rs"),
+    ),
+    (
+        "controllers/sip_cluster/mod.rs",
+        include_str!("sip_cluster/mod.rs"),
+    ),
+    (
+        "controllers/sip_cluster/report.rs",
+        include_str!("sip_cluster/report.rs"),
+    ),
     ("drain/budgets.rs", include_str!("../drain/budgets.rs")),
     ("drain/engine.rs", include_str!("../drain/engine.rs")),
     ("drain/kubectl.rs", include_str!("../drain/kubectl.rs")),
@@ -580,6 +600,7 @@ const DIRECTORIES: &[&str] = &[
     "controllers",
     "controllers/node_version",
     "controllers/plan",
+    "controllers/sip_cluster",
     "drain",
     "rollout",
     "sip",

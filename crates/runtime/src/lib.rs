@@ -11,6 +11,7 @@ pub mod leader;
 pub mod lease;
 pub mod manager;
 pub mod metrics;
+pub mod owner;
 pub mod rate_limiter;
 pub mod reflector;
 pub mod store;

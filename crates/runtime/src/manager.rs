@@ -8,6 +8,7 @@
 //! ```ignore
 //! let mut c = mgr.controller::<NodeVersion>("nodeversion", &objects);
 //! c.watches::<Node>(&nodes, node_changed, |_| all_versions());
+//! c.owns::<Job>(&jobs, always());
 //! let strategies = c.reads::<AutoscalingStrategy>(&objects);
 //! c.register(NodeVersionReconciler { .. });
 //! ```
@@ -32,6 +33,7 @@ use super::controller::{
 };
 use super::leader::{LeaderElector, LeaderHandle};
 use super::metrics::RuntimeMetrics;
+use super::owner::OwnerKind;
 use super::reflector::{Event, Reflector, ReflectorConfig};
 use super::store::{Key, Store};
 use super::workqueue::WorkQueue;
@@ -386,6 +388,22 @@ impl<K: Object> ControllerBuilder<'_, K> {
         let reflector = self.manager.reflector::<W>(source);
         self.watches.watch(reflector, predicate, Arc::new(map));
         reflector.store()
+    }
+
+    /// Reconcile the controller of each `W` from `source` whose change
+    /// `predicate` lets through, when that controller is a `K`
+    /// (controller-runtime's `Owns`): for the objects the reconciler makes,
+    /// so that one deleted or edited behind its back is made right at once
+    /// rather than at the next periodic look. Only the controller owner
+    /// reference counts ([`OwnerKind::controller_of`]). Returns the `W` store.
+    pub fn owns<W: Object>(&mut self, source: &Source, predicate: Predicate<W>) -> Store<W>
+    where
+        K::Scope: 'static,
+    {
+        let owner = OwnerKind::of::<K>();
+        self.watches(source, predicate, move |w: &W| {
+            owner.controller_of(w.meta()).map(Key::from).into_iter().collect()
+        })
     }
 
     /// The reconciler reads the `W`s of `source` without reacting to them;
