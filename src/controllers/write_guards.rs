@@ -479,18 +479,6 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         ".replace_status(",
         ResourceVersion,
     ),
-    (
-        "controllers/sip_cluster/act.rs",
-        "add_finalizer",
-        ".patch(",
-        ResourceVersion,
-    ),
-    (
-        "controllers/sip_cluster/act.rs",
-        "finalize",
-        ".patch(",
-        ResourceVersion,
-    ),
     ("drain/engine.rs", "evict", "api.evict(", DeletePreconditions),
     ("drain/engine.rs", "delete", "api.delete(", DeletePreconditions),
 ];

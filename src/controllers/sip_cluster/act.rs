@@ -16,6 +16,7 @@ use super::decide::{self, ADOPTION_BLOCKED, Built, Failures, INFRA_FAILURE};
 use super::{FINALIZER, MANAGED_BY, SipReconciler, claimed_by, host_id};
 use crate::api::metal3::BareMetalHost;
 use crate::api::sip::{ROLES, SIPCluster, ServiceEndpoint, labels};
+use crate::controllers::finalizer;
 use crate::error::{Error, Result};
 use crate::runtime::store::Key;
 use crate::sip::schedule::{ClusterPlan, HostState};
@@ -289,21 +290,13 @@ impl SipReconciler {
 
     pub(super) async fn add_finalizer(&self, sip: &SIPCluster) -> Result<()> {
         self.ctx.leader.ensure_leader()?;
-        let mut finalizers = sip.finalizers().to_vec();
-        finalizers.push(FINALIZER.into());
-        let patch =
-            json!({"metadata": {"finalizers": finalizers, "resourceVersion": sip.resource_version()}});
-        let api: Api<SIPCluster> =
-            Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default());
-        api.patch(&sip.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        Ok(())
+        finalizer::add(&self.sips_api(sip), sip, FINALIZER).await
     }
 
     /// A deleted SIPCluster: every host labelled for it is released; its
     /// services go with it (owner references); then the finalizer comes off.
     pub(super) async fn finalize(&self, sip: &SIPCluster) -> Result<()> {
-        if !sip.finalizers().iter().any(|f| f == FINALIZER) {
+        if !finalizer::holds(sip, FINALIZER) {
             return Ok(());
         }
         let key = Key::<SIPCluster>::new(sip.namespace().as_deref(), &sip.name_any());
@@ -315,24 +308,11 @@ impl SipReconciler {
             }
         }
         self.ctx.leader.ensure_leader()?;
-        let finalizers: Vec<String> = sip
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        let patch =
-            json!({"metadata": {"finalizers": finalizers, "resourceVersion": sip.resource_version()}});
-        let api: Api<SIPCluster> =
-            Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default());
-        match api
-            .patch(&sip.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        finalizer::remove(&self.sips_api(sip), sip, FINALIZER).await
+    }
+
+    fn sips_api(&self, sip: &SIPCluster) -> Api<SIPCluster> {
+        Api::namespaced(self.ctx.client.clone(), &sip.namespace().unwrap_or_default())
     }
 }
 

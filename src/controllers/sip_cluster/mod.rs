@@ -25,7 +25,7 @@ use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 
-use super::App;
+use super::{App, finalizer};
 use crate::api::metal3::BareMetalHost;
 use crate::api::sip::{SIPCluster, ServiceEndpoint, labels};
 use crate::error::{Error, Result};
@@ -188,7 +188,7 @@ impl Reconciler for SipReconciler {
             self.finalize(&sip).await?;
             return Ok(Action::Done);
         }
-        if !sip.finalizers().iter().any(|f| f == FINALIZER) {
+        if !finalizer::holds(sip.as_ref(), FINALIZER) {
             return self.add_finalizer(&sip).await.map(|_| Action::Done);
         }
         let started = SystemTime::now();
