@@ -26,6 +26,8 @@ test: lint check-crds
     e2e/controlplane/cluster.sh up >/dev/null
     # Jaeger (built from Go modules, cached) receives the production test's traces.
     e2e/jaeger/build.sh >/dev/null
+    # helm (built from its Go module, cached) lints and renders charts/nodewarden (tests/it/chart.rs).
+    e2e/helm/build.sh >/dev/null
     # Every test binary runs whatever fails before it; the failures are
     # listed again at the end, by binary, so none hides in the output.
     mkdir -p .run/test
@@ -91,13 +93,29 @@ cluster-status:
 kubectl *args:
     "$(cat "{{run_dir}}/bin-dir")/kubectl" --kubeconfig "{{run_dir}}/kubeconfig" {{args}}
 
-# Regenerate manifests/base/crds.yaml from the Rust types.
+# Regenerate manifests/base/crds.yaml (and the chart's copy) from the Rust types.
 crds:
     cargo run --quiet -- crds > manifests/base/crds.yaml
+    cp manifests/base/crds.yaml charts/nodewarden/crds/crds.yaml
 
 # Fail when manifests/base/crds.yaml differs from what the Rust types generate.
 check-crds:
     diff -u manifests/base/crds.yaml <(cargo run --quiet -- crds) || { echo "manifests/base/crds.yaml is stale: run 'just crds'"; exit 1; }
+
+# The Helm chart: `helm lint --strict` (helm pinned in e2e/helm, built into the cache) and `helm template` of every cloud × webhook-certificates choice (tests/it/chart.rs checks what they render).
+chart:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    helm=$(e2e/helm/build.sh)
+    "$helm" lint --strict charts/nodewarden
+    for cloud in none aws sim; do
+      for certificates in own cert-manager off; do
+        "$helm" template nodewarden charts/nodewarden --namespace nodewarden-system \
+          --set cloud.provider=$cloud,webhook.certificates=$certificates \
+          --set cloud.aws.region=us-east-1,cloud.aws.clusterUID=example-uid >/dev/null
+        echo "chart: cloud $cloud, certificates $certificates: renders"
+      done
+    done
 
 # Benchmarks (criterion) printing their figures.
 bench:

@@ -14,6 +14,7 @@ mod admission_ha;
 mod admission_hardening;
 mod aws;
 mod aws_ha;
+mod chart;
 mod controller;
 mod controlplane;
 mod etcd_members;

@@ -21,6 +21,7 @@ pub mod admission;
 pub mod audit;
 pub mod aws;
 pub mod chaos;
+pub mod chart;
 pub mod etcd;
 pub mod jaeger;
 pub mod late;

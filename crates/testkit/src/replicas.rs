@@ -57,7 +57,7 @@ pub async fn service_account_token(client: &Client) -> String {
 
 /// Writes a kubeconfig for `token`, to the API server or, with `server`, to
 /// that URL instead (a proxy in front of it: the certificate names 127.0.0.1).
-fn write_token_kubeconfig(path: &Path, token: &str, server: Option<String>) {
+pub fn write_token_kubeconfig(path: &Path, token: &str, server: Option<String>) {
     let admin = Kubeconfig::read_from(&super::control_plane().kubeconfig).expect("the admin kubeconfig");
     let mut cluster = admin.clusters.first().expect("a cluster").clone();
     if let (Some(server), Some(c)) = (server, cluster.cluster.as_mut()) {

@@ -1,0 +1,879 @@
+//! The Helm chart `charts/nodewarden`, rendered by the pinned helm
+//! (`e2e/helm/build.sh`): `helm lint` passes; every cloud × webhook choice
+//! renders what it promises, and values the schema refuses (or an AWS setup
+//! without its region or cluster tag) are refused naming the value; every
+//! rendered object passes a server-side dry run against the real API server;
+//! for the choices the kustomize manifests make, the chart renders the same
+//! objects; `nodewarden run` takes every flag the chart can render; and a
+//! `nodewarden run` process started as the rendered Deployment's container,
+//! with a token of the rendered ServiceAccount, takes the Lease in the
+//! release's namespace, becomes ready and serves the rendered webhook.
+
+use crate::support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams};
+use serde_json::{Value, json};
+
+use crate::support::chart::{Release, chart_dir, container, pod_environment, service_account_kubeconfig};
+use crate::support::manifests::{Applied, apply, describe, find, gvk_of, is_namespace, kustomize, to_object};
+use crate::support::replicas::{Replicas, SYSTEM_NAMESPACE, Shared, holder, replica_log_dir};
+use crate::support::{Probe, RUN_LABEL, TestEnv, wait_for};
+
+const CLOUDS: [&str; 3] = ["none", "aws", "sim"];
+const CERTIFICATES: [&str; 3] = ["own", "cert-manager", "off"];
+
+/// API groups a cluster may lack: their objects are skipped in the dry run
+/// when the API server does not serve them (no prometheus-operator or
+/// cert-manager CRDs on the local control plane).
+const OPTIONAL_GROUPS: [&str; 2] = ["monitoring.coreos.com", "cert-manager.io"];
+
+/// AWS's required values, as a user gives them.
+fn aws_values() -> Value {
+    json!({
+        "region": "us-east-1",
+        "clusterUID": "the-cluster-uid",
+        "roleARN": "arn:aws:iam::111122223333:role/nodewarden",
+    })
+}
+
+/// The values of one cloud × webhook-certificates choice.
+fn choice(cloud: &str, certificates: &str) -> Value {
+    let mut values = json!({"cloud": {"provider": cloud}, "webhook": {"certificates": certificates}});
+    if cloud == "aws" {
+        values["cloud"]["aws"] = aws_values();
+    }
+    values
+}
+
+/// Every choice, named for messages.
+fn choices() -> Vec<(String, Value)> {
+    CLOUDS
+        .iter()
+        .flat_map(|cloud| {
+            CERTIFICATES.iter().map(move |certs| {
+                (
+                    format!("cloud {cloud}, certificates {certs}"),
+                    choice(cloud, certs),
+                )
+            })
+        })
+        .collect()
+}
+
+/// A value for every option the chart has, `lease_namespace` for the
+/// maintenance Leases.
+fn everything(lease_namespace: &str) -> Value {
+    json!({
+        "replicas": 2,
+        "namespace": {"create": true},
+        "serviceAccount": {"annotations": {"example.com/owner": "platform"}},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+        "priorityClassName": "system-cluster-critical",
+        "podAnnotations": {"example.com/team": "nodes"},
+        "imagePullSecrets": [{"name": "registry"}],
+        "cloud": {"provider": "aws", "qps": 5, "burst": 10, "aws": {
+            "region": "eu-west-1", "clusterUID": "uid-1",
+            "roleARN": "arn:aws:iam::111122223333:role/nodewarden",
+            "endpoint": "http://127.0.0.1:5000", "callTimeout": 3,
+        }},
+        "leaderElection": {"leaseDuration": 15, "renewDeadline": 10, "retryPeriod": 2.5},
+        "workers": 4,
+        "manage": {"nodes": "node-role.kubernetes.io/worker", "objects": "team in (a,b)"},
+        "maintenance": {"maxConcurrent": 2, "leaseNamespace": lease_namespace},
+        "rollout": {"maxSurge": "25%", "maxUnavailable": 1, "controlPlaneFirst": false,
+                    "joinTimeout": "30m", "drainTimeout": "1h30m"},
+        "etcd": {"endpoints": ["https://10.0.0.2:2379", "https://10.0.0.3:2379"],
+                 "clientSecret": "etcd-client", "timeout": 5},
+        "plans": {"namespace": "system-upgrade", "channelPoll": "15m", "settle": 10,
+                  "jobDeadline": 1_000_000, "jobDeadlineMax": 0, "jobBackoffLimit": 2, "jobTTL": 900,
+                  "jobPrivileged": false, "jobImagePullPolicy": "Always",
+                  "jobPodReplacementPolicy": "Failed", "controllerName": "system-upgrade-controller"},
+        "sip": "off",
+        "webhook": {"certificates": "cert-manager", "etcdOnControlPlane": "false",
+                    "handshakeTimeout": 10, "requestTimeout": 30, "maxConnections": 256, "maxInFlight": 8},
+        "networkPolicy": {"enabled": true, "webhookFrom": ["10.0.0.0/24", "10.0.1.0/24"]},
+        "metrics": {"serviceMonitor": {"enabled": true, "labels": {"release": "kube-prometheus-stack"}},
+                    "prometheusRule": {"enabled": true}},
+        "tracing": {"otlpEndpoint": "http://jaeger-collector.observability:4318"},
+        "log": {"json": true},
+        "extraArgs": ["--lease-name=nodewarden"],
+        "extraEnv": [{"name": "RUST_LOG", "value": "info"}],
+    })
+}
+
+/// The chart rendered as release `nodewarden` in `namespace`.
+fn render(namespace: &str, values: &Value) -> Vec<Value> {
+    Release::new("nodewarden", namespace, values.clone())
+        .template()
+        .unwrap_or_else(|e| panic!("helm template with {values} failed:\n{e}"))
+}
+
+/// The rendered Deployment's container args.
+fn args(docs: &[Value]) -> Vec<String> {
+    container(docs, "nodewarden")["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(String::from)
+        .collect()
+}
+
+fn has(docs: &[Value], kind: &str, name: &str) -> bool {
+    docs.iter()
+        .any(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+#[test]
+fn helm_lint_passes_for_the_defaults_and_every_choice() {
+    let defaults = Release::new("nodewarden", SYSTEM_NAMESPACE, json!({}));
+    let mut all = vec![("the defaults".to_string(), defaults)];
+    for (what, values) in choices()
+        .into_iter()
+        .chain([("everything".into(), everything("leases"))])
+    {
+        all.push((what, Release::new("nodewarden", SYSTEM_NAMESPACE, values)));
+    }
+    for (what, release) in all {
+        if let Err(e) = release.lint() {
+            panic!("helm lint --strict fails for {what}:\n{e}");
+        }
+    }
+}
+
+#[test]
+fn each_choice_renders_its_cloud_and_webhook_in_the_release_namespace() {
+    // Not nodewarden-system: the release's namespace is wherever it is installed.
+    let ns = "ops";
+    for (what, values) in choices() {
+        let docs = render(ns, &values);
+        let args = args(&docs);
+        let arg = |a: &str| args.iter().any(|x| x == a);
+        assert_eq!(args.first().map(String::as_str), Some("run"), "{what}: {args:?}");
+        assert!(arg("--http-addr=0.0.0.0:8080"), "{what}: {args:?}");
+        let c = container(&docs, "nodewarden");
+
+        // Every namespaced object is in the release namespace, but the
+        // per-node maintenance Leases' Role and binding.
+        for doc in &docs {
+            let (kind, name) = (&doc["kind"], doc["metadata"]["name"].as_str().unwrap_or_default());
+            let want = match doc["metadata"]["namespace"].as_str() {
+                None => continue,
+                Some(_) if name == "nodewarden-node-leases" => "medik8s-leases",
+                Some(_) => ns,
+            };
+            assert_eq!(doc["metadata"]["namespace"], want, "{what}: {kind} {name}");
+        }
+        // The Lease is where the pod runs: POD_NAMESPACE from the downward
+        // API, no --lease-namespace, the election Role in the release namespace.
+        let pod_namespace = c["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == "POD_NAMESPACE"))
+            .map(|v| v["valueFrom"]["fieldRef"]["fieldPath"].clone());
+        assert_eq!(pod_namespace, Some(json!("metadata.namespace")), "{what}");
+        assert!(
+            !args.iter().any(|a| a.starts_with("--lease-namespace")),
+            "{what}: {args:?}"
+        );
+        let election = find(&docs, "Role", "nodewarden-leader-election");
+        assert_eq!(election["metadata"]["namespace"], ns, "{what}");
+        assert_eq!(election["rules"][0]["resources"], json!(["leases"]), "{what}");
+
+        let (cloud, certs) = (&values["cloud"]["provider"], &values["webhook"]["certificates"]);
+        match cloud.as_str() {
+            Some("none") => assert!(
+                !args.iter().any(|a| a.starts_with("--cloud")) && c.get("envFrom").is_none(),
+                "{what} names no cloud: {args:?} {c}"
+            ),
+            Some("sim") => {
+                assert!(arg("--cloud=sim"), "{what}: {args:?}");
+                assert!(
+                    arg(&format!("--sim-cloud=http://sim-cloud.{ns}:8090")),
+                    "{what}: {args:?}"
+                );
+            }
+            _ => {
+                let data = &find(&docs, "ConfigMap", "nodewarden-aws")["data"];
+                assert_eq!(
+                    data,
+                    &json!({"NODEWARDEN_CLOUD": "aws", "AWS_REGION": "us-east-1",
+                            "NODEWARDEN_AWS_CLUSTER_UID": "the-cluster-uid",
+                            "NODEWARDEN_DISCOVER_SCALING_GROUPS": "constellation-version"}),
+                    "{what}"
+                );
+                assert_eq!(
+                    c["envFrom"],
+                    json!([{"configMapRef": {"name": "nodewarden-aws"}}]),
+                    "{what}"
+                );
+                let sa = find(&docs, "ServiceAccount", "nodewarden");
+                assert_eq!(
+                    sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"],
+                    "arn:aws:iam::111122223333:role/nodewarden",
+                    "{what}"
+                );
+            }
+        }
+
+        let webhook = certs != "off";
+        assert_eq!(arg("--webhook-addr=0.0.0.0:9443"), webhook, "{what}: {args:?}");
+        assert_eq!(
+            has(&docs, "ValidatingWebhookConfiguration", "nodewarden"),
+            webhook,
+            "{what}"
+        );
+        assert_eq!(has(&docs, "Service", "nodewarden-webhook"), webhook, "{what}");
+        let ports = c["ports"].as_array().map(|p| p.len());
+        assert_eq!(ports, Some(if webhook { 2 } else { 1 }), "{what}: {c}");
+        let cert_manager = certs == "cert-manager";
+        assert_eq!(
+            arg("--webhook-certs=cert-manager"),
+            cert_manager,
+            "{what}: {args:?}"
+        );
+        assert_eq!(
+            has(&docs, "Certificate", "nodewarden-webhook"),
+            cert_manager,
+            "{what}"
+        );
+        if cert_manager {
+            let vwc = find(&docs, "ValidatingWebhookConfiguration", "nodewarden");
+            assert_eq!(
+                vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                format!("{ns}/nodewarden-webhook"),
+                "{what}"
+            );
+            let certificate = find(&docs, "Certificate", "nodewarden-webhook");
+            assert_eq!(
+                certificate["spec"]["secretName"], "nodewarden-webhook-tls",
+                "{what}"
+            );
+            assert_eq!(
+                certificate["spec"]["dnsNames"][0],
+                format!("nodewarden-webhook.{ns}.svc"),
+                "{what}: the name nodewarden's Service answers to"
+            );
+        }
+    }
+}
+
+#[test]
+fn another_release_name_names_its_cluster_objects_and_tells_nodewarden() {
+    let docs = Release::new("edge", "ops", json!({}))
+        .template()
+        .unwrap_or_else(|e| panic!("helm template failed:\n{e}"));
+    // Cluster-scoped names carry the release; the webhook's Service keeps
+    // the name nodewarden's own certificate is made for.
+    for kind in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert!(has(&docs, kind, "edge-nodewarden"), "no {kind} edge-nodewarden");
+    }
+    assert!(has(&docs, "Service", "nodewarden-webhook"));
+    let args = container(&docs, "edge-nodewarden")["args"].clone();
+    assert!(
+        args.as_array()
+            .is_some_and(|a| a.iter().any(|x| x == "--webhook-configuration=edge-nodewarden")),
+        "nodewarden keeps the caBundle of the configuration the release made: {args}"
+    );
+    let rules = &find(&docs, "ClusterRole", "edge-nodewarden")["rules"];
+    let webhook_rule = rules
+        .as_array()
+        .and_then(|r| {
+            r.iter()
+                .find(|r| r["resources"] == json!(["validatingwebhookconfigurations"]))
+        })
+        .expect("a rule for the webhook configuration");
+    assert_eq!(webhook_rule["resourceNames"], json!(["edge-nodewarden"]));
+}
+
+#[test]
+fn the_schema_refuses_bad_values_naming_them() {
+    let bad = [
+        (json!({"cloud": {"provider": "gcp"}}), "at '/cloud/provider'"),
+        (
+            json!({"webhook": {"certificates": "self-signed"}}),
+            "at '/webhook/certificates'",
+        ),
+        (json!({"replicas": 0}), "at '/replicas'"),
+        (json!({"replicas": "3"}), "at '/replicas'"),
+        (json!({"replica": 3}), "'replica' not allowed"),
+        (json!({"sip": "maybe"}), "at '/sip'"),
+        (
+            json!({"image": {"pullPolicy": "Sometimes"}}),
+            "at '/image/pullPolicy'",
+        ),
+        (
+            json!({"rollout": {"maxSurge": "a lot"}}),
+            "at '/rollout/maxSurge'",
+        ),
+        (
+            json!({"rollout": {"joinTimeout": "30 minutes"}}),
+            "at '/rollout/joinTimeout'",
+        ),
+        (json!({"workers": 0}), "at '/workers'"),
+        (
+            json!({"cloud": {"aws": {"roleARN": "nodewarden"}}}),
+            "at '/cloud/aws/roleARN'",
+        ),
+        (
+            json!({"networkPolicy": {"enabled": true, "webhookFrom": ["the control plane"]}}),
+            "at '/networkPolicy/webhookFrom/0'",
+        ),
+    ];
+    for (values, names) in bad {
+        match Release::new("nodewarden", SYSTEM_NAMESPACE, values.clone()).template() {
+            Ok(_) => panic!("the chart rendered with {values}"),
+            Err(e) => {
+                assert!(
+                    e.contains("don't meet the specifications of the schema"),
+                    "{values}: {e}"
+                );
+                assert!(e.contains(names), "the refusal of {values} names {names}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_missing_required_value_is_refused_naming_it() {
+    let aws = |region: &str, uid: &str| json!({"cloud": {"provider": "aws", "aws": {"region": region, "clusterUID": uid}}});
+    let missing = [
+        (
+            aws("eu-west-1", ""),
+            "cloud.aws.clusterUID is required: the value of the Auto Scaling groups' constellation-uid tag",
+        ),
+        (aws("", "uid-1"), "cloud.aws.region is required"),
+        (
+            json!({"networkPolicy": {"enabled": true}}),
+            "networkPolicy.webhookFrom is required with networkPolicy.enabled",
+        ),
+    ];
+    for (values, message) in missing {
+        match Release::new("nodewarden", SYSTEM_NAMESPACE, values.clone()).template() {
+            Ok(_) => panic!("the chart rendered with {values}"),
+            Err(e) => assert!(
+                e.contains(message),
+                "the refusal of {values} says {message:?}: {e}"
+            ),
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_rendered_object_passes_a_server_side_dry_run() {
+    let env = TestEnv::new("chart-dry-run").await;
+    support::install_crds(&env.client).await;
+    // The release goes to the test's namespace (it exists); medik8s-leases,
+    // as manifests/base makes it (idempotent, left for the other tests).
+    support::apply_manifest(
+        &env.client,
+        &support::repo().join("manifests/base/namespace.yaml"),
+    )
+    .await;
+    let mut sets = choices();
+    // The maintenance Leases in the release namespace: no second namespace
+    // to make, and --maintenance-lease-namespace rendered.
+    sets.push(("everything".into(), everything(&env.namespace)));
+
+    // Each distinct object once (the CRDs and most RBAC are the same in every choice).
+    let mut objects: Vec<(String, Value)> = Vec::new();
+    for (what, values) in &sets {
+        for doc in render(&env.namespace, values) {
+            if !objects.iter().any(|(_, seen)| *seen == doc) {
+                objects.push((what.clone(), doc));
+            }
+        }
+    }
+    let (mut failures, mut skipped) = (Vec::new(), BTreeSet::new());
+    for (i, (what, doc)) in objects.iter().enumerate() {
+        let obj = to_object(what, i, doc.clone());
+        match apply(&env.client, &obj, true).await {
+            Ok(Applied::Done(_)) => {}
+            Ok(Applied::NotServed(_)) if OPTIONAL_GROUPS.contains(&gvk_of(&obj).group.as_str()) => {
+                skipped.insert(describe(what, &obj));
+            }
+            Ok(Applied::NotServed(e)) | Err(e) => failures.push(format!("{}: {e}", describe(what, &obj))),
+        }
+    }
+    env.cleanup().await;
+    println!(
+        "{} distinct objects dry-run; skipped (API not served here): {skipped:?}",
+        objects.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "rendered objects fail a server-side dry run:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Helm's labels, which the chart puts on every object and the kustomize
+/// manifests do not carry.
+const HELM_LABELS: [&str; 4] = [
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+];
+
+/// The chart's own annotations: Helm keeps the Namespaces it renders on
+/// uninstall, and a changed AWS ConfigMap rolls the pods (kustomize's hashed
+/// ConfigMap name does that).
+const HELM_ANNOTATIONS: [&str; 2] = ["helm.sh/resource-policy", "checksum/aws"];
+
+/// Takes out of a rendered object what legitimately differs between the
+/// chart and kustomize: Helm's labels and annotations (empty maps removed),
+/// the order of the container's flags after `run` (clap takes them in any
+/// order) and the image tag (base's is a placeholder; the chart's is its
+/// appVersion, checked against the crate's version separately).
+fn normalize(doc: &mut Value) {
+    for meta in ["/metadata", "/spec/template/metadata"] {
+        let Some(Value::Object(meta)) = doc.pointer_mut(meta) else {
+            continue;
+        };
+        for (field, drop) in [
+            ("labels", &HELM_LABELS[..]),
+            ("annotations", &HELM_ANNOTATIONS[..]),
+        ] {
+            if let Some(Value::Object(map)) = meta.get_mut(field) {
+                map.retain(|k, _| !drop.contains(&k.as_str()));
+                if map.is_empty() {
+                    meta.remove(field);
+                }
+            }
+        }
+    }
+    if let Some(Value::Array(containers)) = doc.pointer_mut("/spec/template/spec/containers") {
+        for c in containers {
+            if let Some(Value::Array(args)) = c.get_mut("args")
+                && !args.is_empty()
+            {
+                args[1..].sort_by_key(|a| a.to_string());
+            }
+            if let Some(image) = c["image"].as_str() {
+                let repository = image.rsplit_once(':').map_or(image, |(repository, _)| repository);
+                c["image"] = json!(repository);
+            }
+        }
+    }
+}
+
+/// `apiVersion kind namespace/name`: what identifies an object.
+fn key(doc: &Value) -> String {
+    format!(
+        "{} {} {}/{}",
+        doc["apiVersion"].as_str().unwrap_or_default(),
+        doc["kind"].as_str().unwrap_or_default(),
+        doc["metadata"]["namespace"].as_str().unwrap_or_default(),
+        doc["metadata"]["name"].as_str().unwrap_or_default()
+    )
+}
+
+/// Where `chart` and `kustomize` differ, one line per leaf.
+fn differences(path: &str, chart: &Value, kustomize: &Value, out: &mut Vec<String>) {
+    match (chart, kustomize) {
+        (Value::Object(a), Value::Object(b)) => {
+            for k in a.keys().chain(b.keys()).collect::<BTreeSet<_>>() {
+                let (x, y) = (a.get(k).unwrap_or(&Value::Null), b.get(k).unwrap_or(&Value::Null));
+                differences(&format!("{path}/{k}"), x, y, out);
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                differences(&format!("{path}/{i}"), x, y, out);
+            }
+        }
+        // kustomize prints the CRDs' `minimum: 0.0` as 0: the same number.
+        (Value::Number(a), Value::Number(b)) if a.as_f64() == b.as_f64() => {}
+        _ if chart != kustomize => out.push(format!("{path}: chart {chart} / kustomize {kustomize}")),
+        _ => {}
+    }
+}
+
+/// A kustomization of the base with `component` (as a user's overlay adds
+/// it), in a directory of its own under target/.
+fn base_with(component: &str) -> PathBuf {
+    let dir = support::repo().join(format!("target/kustomize-chart-{component}"));
+    std::fs::create_dir_all(&dir).expect("a kustomization directory");
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!("resources: [../../manifests/base]\ncomponents: [../../manifests/{component}]\n"),
+    )
+    .expect("writing the kustomization");
+    dir
+}
+
+/// kustomize's rendering, with what only the overlay does taken out: the
+/// generated ConfigMap's hash suffix (the chart names it plainly and rolls
+/// the pods by an annotation instead) and its missing labels (the chart
+/// labels it as every object), and the aws overlay's empty cluster tag
+/// placeholder (the chart requires it: the chart's value is put in).
+fn kustomized(dir: &Path, chart: &[Value]) -> Vec<Value> {
+    let mut docs = kustomize(dir);
+    for doc in &mut docs {
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        if doc["kind"] == "ConfigMap" && name.starts_with("nodewarden-aws-") {
+            doc["metadata"]["name"] = json!("nodewarden-aws");
+            doc["metadata"]["labels"] = json!({"app.kubernetes.io/name": "nodewarden"});
+            let uid = &mut doc["data"]["NODEWARDEN_AWS_CLUSTER_UID"];
+            assert_eq!(*uid, "", "the aws overlay's cluster tag is a placeholder");
+            *uid = find(chart, "ConfigMap", "nodewarden-aws")["data"]["NODEWARDEN_AWS_CLUSTER_UID"].clone();
+        }
+        if let Some(Value::Array(from)) = doc.pointer_mut("/spec/template/spec/containers/0/envFrom") {
+            for f in from {
+                if f["configMapRef"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("nodewarden-aws-"))
+                {
+                    f["configMapRef"]["name"] = json!("nodewarden-aws");
+                }
+            }
+        }
+    }
+    docs
+}
+
+#[test]
+fn the_chart_renders_what_kustomize_renders_for_the_same_choices() {
+    let repo = support::repo();
+    let created = json!({"create": true});
+    let comparisons = [
+        ("manifests/base", repo.join("manifests/base"), json!({})),
+        (
+            "manifests/aws",
+            repo.join("manifests/aws"),
+            json!({"cloud": {"provider": "aws", "aws": aws_values()}}),
+        ),
+        (
+            "manifests/sim",
+            repo.join("manifests/sim"),
+            json!({"cloud": {"provider": "sim"}}),
+        ),
+        (
+            "base + manifests/cert-manager",
+            base_with("cert-manager"),
+            json!({"webhook": {"certificates": "cert-manager"}}),
+        ),
+        (
+            "base + manifests/networkpolicy",
+            base_with("networkpolicy"),
+            json!({"networkPolicy": {"enabled": true, "webhookFrom": ["192.0.2.0/24"]}}),
+        ),
+    ];
+    for (what, dir, mut values) in comparisons {
+        // The base makes nodewarden-system: the chart renders its release
+        // namespace on request (else `helm install --create-namespace` makes it).
+        values["namespace"] = created.clone();
+        let chart = render(SYSTEM_NAMESPACE, &values);
+        let image = container(&chart, "nodewarden")["image"].clone();
+        assert_eq!(
+            image,
+            format!("ghcr.io/nodewarden/nodewarden:{}", env!("CARGO_PKG_VERSION")),
+            "the chart's default image is the crate's version"
+        );
+        let kustomize = kustomized(&dir, &chart);
+        let by_key = |docs: &[Value]| -> BTreeMap<String, Value> {
+            docs.iter()
+                .map(|d| {
+                    let mut d = d.clone();
+                    normalize(&mut d);
+                    (key(&d), d)
+                })
+                .collect()
+        };
+        let (ours, theirs) = (by_key(&chart), by_key(&kustomize));
+        let only = |a: &BTreeMap<String, Value>, b: &BTreeMap<String, Value>| -> Vec<String> {
+            a.keys().filter(|k| !b.contains_key(*k)).cloned().collect()
+        };
+        assert!(
+            ours.len() == theirs.len() && only(&ours, &theirs).is_empty(),
+            "{what}: the chart renders other objects than kustomize\nonly in the chart: {:?}\nonly in kustomize: {:?}",
+            only(&ours, &theirs),
+            only(&theirs, &ours)
+        );
+        let mut found = Vec::new();
+        for (k, doc) in &ours {
+            let mut diffs = Vec::new();
+            differences("", doc, &theirs[k], &mut diffs);
+            found.extend(diffs.into_iter().map(|d| format!("{k}: {d}")));
+        }
+        assert!(
+            found.is_empty(),
+            "{what}: the chart differs from kustomize:\n{}",
+            found.join("\n")
+        );
+    }
+}
+
+#[test]
+fn the_charts_copies_and_monitoring_objects_are_the_repositorys() {
+    let repo = support::repo();
+    let chart = chart_dir();
+    for (copy, source, how) in [
+        ("crds/crds.yaml", "manifests/base/crds.yaml", "just crds"),
+        (
+            "files/alerts.yaml",
+            "observability/alerts.yaml",
+            "cp observability/alerts.yaml charts/nodewarden/files/",
+        ),
+    ] {
+        let read =
+            |p: &Path| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+        assert!(
+            read(&chart.join(copy)) == read(&repo.join(source)),
+            "charts/nodewarden/{copy} differs from {source}: run `{how}`"
+        );
+    }
+    let meta: Value =
+        serde_norway::from_str(&std::fs::read_to_string(chart.join("Chart.yaml")).expect("Chart.yaml"))
+            .expect("Chart.yaml is YAML");
+    assert_eq!(
+        meta["appVersion"],
+        env!("CARGO_PKG_VERSION"),
+        "Chart.yaml's appVersion is the crate's version"
+    );
+
+    let docs = render(
+        SYSTEM_NAMESPACE,
+        &json!({"metrics": {"serviceMonitor": {"enabled": true}, "prometheusRule": {"enabled": true}}}),
+    );
+    let single = |file: &str| {
+        support::manifests::documents(&repo.join(file))
+            .pop()
+            .unwrap_or_else(|| panic!("{file} is empty"))
+    };
+    let mut monitor = find(&docs, "ServiceMonitor", "nodewarden").clone();
+    normalize(&mut monitor);
+    let mut diffs = Vec::new();
+    differences(
+        "",
+        &monitor,
+        &single("observability/servicemonitor.yaml"),
+        &mut diffs,
+    );
+    assert!(
+        diffs.is_empty(),
+        "the ServiceMonitor differs from observability's:\n{}",
+        diffs.join("\n")
+    );
+    // The rules as alerts.yaml has them: Prometheus's {{ $labels }} left alone.
+    let rule = find(&docs, "PrometheusRule", "nodewarden");
+    assert_eq!(
+        rule["spec"]["groups"],
+        single("observability/alerts.yaml")["groups"]
+    );
+}
+
+#[test]
+fn nodewarden_run_takes_every_flag_the_chart_renders() {
+    let mut sets = choices();
+    sets.push(("everything".into(), everything("node-leases")));
+    for (what, values) in sets {
+        let docs = render(SYSTEM_NAMESPACE, &values);
+        let args = args(&docs);
+        // clap checks every argument (name, value, repetition) before it
+        // answers --help: success means `nodewarden run` takes them all.
+        let out = std::process::Command::new(support::nodewarden_binary())
+            .args(&args)
+            .arg("--help")
+            .output()
+            .expect("running nodewarden");
+        assert!(
+            out.status.success(),
+            "{what}: nodewarden refuses {args:?}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Deletes what the release `name` made outside the test's namespace (the
+/// namespace itself goes with the test's cleanup).
+async fn delete_cluster_objects(client: &kube::Client, name: &str) {
+    let gone = DeleteParams::default();
+    let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .delete(name, &gone)
+        .await;
+    let _ = Api::<ClusterRoleBinding>::all(client.clone())
+        .delete(name, &gone)
+        .await;
+    let _ = Api::<ClusterRole>::all(client.clone()).delete(name, &gone).await;
+    let leases_role = format!("{name}-node-leases");
+    let _ = Api::<RoleBinding>::namespaced(client.clone(), "medik8s-leases")
+        .delete(&leases_role, &gone)
+        .await;
+    let _ = Api::<Role>::namespaced(client.clone(), "medik8s-leases")
+        .delete(&leases_role, &gone)
+        .await;
+}
+
+/// The cluster-wide objects of a release, deleted when dropped: also when
+/// the test panics, as `TestEnv` cleans up after itself.
+struct ReleaseObjects(String);
+
+impl Drop for ReleaseObjects {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        // A runtime of its own: Drop may run inside the test's runtime.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            rt.block_on(async {
+                let client = support::control_plane().client().await;
+                delete_cluster_objects(&client, &name).await;
+            });
+        })
+        .join();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_as_the_rendered_deployment_takes_the_lease_and_serves_the_webhook() {
+    let env = TestEnv::new("chart-replica").await;
+    support::install_crds(&env.client).await;
+    // medik8s-leases as manifests/base makes it (idempotent, left for the
+    // other tests): this release leaves it alone.
+    support::apply_manifest(
+        &env.client,
+        &support::repo().join("manifests/base/namespace.yaml"),
+    )
+    .await;
+    let selector = env.run_selector();
+    // In the test's namespace, managing only the test's Nodes and objects;
+    // its name (it contains "nodewarden") names its cluster-wide objects.
+    let release = Release::new(
+        &format!("nodewarden-{}", env.id),
+        &env.namespace,
+        json!({
+            "replicas": 1,
+            "manage": {"nodes": selector, "objects": selector},
+            "maintenance": {"createLeaseNamespace": false},
+        }),
+    );
+    let name = release.name.clone();
+    // Deleted however the test ends.
+    let _made = ReleaseObjects(name.clone());
+    let docs = release
+        .template()
+        .unwrap_or_else(|e| panic!("helm template failed:\n{e}"));
+
+    // The release as Helm would apply it, but for the CRDs (installed
+    // above), the Deployment (the test runs its container itself: pods
+    // would land on kwok nodes) and the webhook configuration (below).
+    let webhook_port = support::admission::free_port();
+    for (i, doc) in docs.iter().enumerate() {
+        let mut doc = doc.clone();
+        match doc["kind"].as_str() {
+            Some("CustomResourceDefinition" | "Deployment") => continue,
+            // As rendered, but calling the replica on loopback (the API
+            // server cannot reach a Service without pods) and only for this
+            // test's objects (failurePolicy Fail would judge every test's).
+            Some("ValidatingWebhookConfiguration") => {
+                let hook = &mut doc["webhooks"][0];
+                hook["clientConfig"] = json!({"url": format!("https://127.0.0.1:{webhook_port}/validate")});
+                hook["objectSelector"] = json!({"matchLabels": {RUN_LABEL: env.id}});
+            }
+            _ => {}
+        }
+        let obj = to_object("chart", i, doc);
+        assert!(!is_namespace(&obj), "the release renders no namespace here");
+        match apply(&env.client, &obj, false).await {
+            Ok(Applied::Done(_)) => {}
+            Ok(Applied::NotServed(e)) | Err(e) => panic!("applying {}: {e}", describe("chart", &obj)),
+        }
+    }
+
+    // The pod's container as the kubelet runs it: the rendered args and
+    // environment, a token of the rendered ServiceAccount. Its addresses
+    // are the harness's loopback ports (0.0.0.0:8080 and :9443 are the pod's).
+    let dir = replica_log_dir(&env.id);
+    let kubeconfig = service_account_kubeconfig(&env.client, &env.namespace, &name, &dir).await;
+    let c = container(&docs, &name);
+    let identity = format!("{name}-0");
+    let args: Vec<String> = c["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter(|a| *a != "run" && !a.starts_with("--http-addr=") && !a.starts_with("--webhook-addr="))
+        .map(String::from)
+        .collect();
+    let mut envs = pod_environment(&docs, c, &env.namespace, &identity);
+    envs.push(("RUST_LOG".into(), "info".into()));
+    let mut replicas = Replicas::start_with_env(
+        0,
+        &env,
+        Shared {
+            kubeconfig: &kubeconfig,
+            lease_name: "nodewarden",
+            otlp_endpoint: "",
+            extra: &[],
+            logs: &dir,
+        },
+        &[],
+    );
+    // Exactly the rendered container's: no test election timings, selectors or lease.
+    replicas.args = args;
+    replicas.election.clear();
+    replicas.envs = envs;
+    replicas.webhook = Some(BTreeMap::from([(identity.clone(), webhook_port)]));
+    let replica = replicas.spawn(&identity);
+    replicas.running.push(replica);
+
+    // The Lease in the release's namespace, taken under its default name.
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    wait_for(
+        "the replica holding the Lease",
+        Duration::from_secs(30),
+        || async {
+            match holder(&leases, "nodewarden").await {
+                Some(h) if h == identity => Probe::Done(()),
+                other => Probe::NotYet(format!("holder {other:?}\n{}", replicas.tail_logs())),
+            }
+        },
+    )
+    .await;
+    let readyz = format!("http://{}/readyz", replicas.http[&identity]);
+    wait_for("/readyz", Duration::from_secs(30), || async {
+        match support::jaeger::http_get(&readyz).await {
+            Ok(_) => Probe::Done(()),
+            Err(e) => Probe::NotYet(e),
+        }
+    })
+    .await;
+    // The webhook: its own certificate in the release's Secret, the
+    // caBundle set in the release's configuration (the ClusterRole names
+    // it), and a review of a NodeMaintenance answered by the replica.
+    support::admission::wait_ca_bundle(&env, &name).await;
+    let nm = support::admission::maintenance(&env, "missing-node", "no-such-node");
+    let refused = support::admission::create(&Api::all(env.client.clone()), &nm).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("invalid nodeName, no node with name no-such-node found")),
+        "the webhook refuses a maintenance of a missing node: {refused:?}\n{}",
+        replicas.tail_logs()
+    );
+    // Every call it made was allowed by the chart's RBAC.
+    let log = std::fs::read_to_string(dir.join(format!("{identity}.log"))).unwrap_or_default();
+    let forbidden: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    assert!(
+        forbidden.is_empty(),
+        "the replica was refused:\n{}",
+        forbidden.join("\n")
+    );
+
+    drop(replicas);
+    env.cleanup().await;
+}
