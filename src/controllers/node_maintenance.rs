@@ -37,9 +37,13 @@ use crate::runtime::store::{Key, ObjectKey, Store};
 use crate::runtime::sync::lock;
 use crate::runtime::workqueue::WorkQueue;
 use crate::telemetry::Metrics;
-use crate::telemetry::metrics::{DrainResult, ResultLabels};
+use crate::telemetry::metrics::HistogramFamily;
 use crate::telemetry::trace::{self, SpanRecord};
 use opentelemetry::KeyValue;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::time::Instant;
 
 /// Held on every NodeMaintenance until its changes to the node are undone.
@@ -446,7 +450,7 @@ pub struct MaintenanceContext {
     /// Limits and the lease namespace.
     pub config: MaintenanceConfig,
     /// Drain metrics.
-    pub metrics: Metrics,
+    pub metrics: DrainMetrics,
     /// Owners admitted under the concurrency limit (rebuilt from the stores).
     admitted: Mutex<BTreeSet<String>>,
     /// The per-node leases as this process last saw them (by node name).
@@ -1018,7 +1022,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         claims_of: claims_of(medik8s.clone(), kubevirt.clone()),
         all_claims: all_claims(medik8s.clone(), kubevirt.clone()),
         config: app.maintenance.clone(),
-        metrics: app.metrics.clone(),
+        metrics: DrainMetrics::register(&app.metrics),
         admitted: Mutex::new(BTreeSet::new()),
         observed_leases: Mutex::default(),
     });
@@ -1113,9 +1117,106 @@ fn plan_drain(annotations: &BTreeMap<String, String>) -> Option<KubectlDrain> {
     Some(serde_json::from_str(raw).unwrap_or_default())
 }
 
+/// How a drain ended, the `result` label of `drain_duration_seconds`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum DrainResult {
+    /// Every pod to evict is gone.
+    Succeeded,
+    /// The maintenance ended any other way.
+    Failed,
+}
+
+impl DrainResult {
+    /// The label text: `succeeded` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrainResult::Succeeded => "succeeded",
+            DrainResult::Failed => "failed",
+        }
+    }
+}
+
+impl EncodeLabelValue for DrainResult {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+/// Label set of `drain_duration_seconds`: how the drain ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// How the drain ended.
+    pub result: DrainResult,
+}
+
+/// The drain families, registered by the NodeMaintenance controller.
+#[derive(Clone)]
+pub struct DrainMetrics {
+    /// From the NodeMaintenance's creation to its drain's end.
+    pub drain_duration: HistogramFamily<ResultLabels>,
+    /// Drains in progress.
+    pub drains_running: Gauge,
+    /// Drains with at least one pod a PodDisruptionBudget keeps.
+    pub drains_blocked: Gauge,
+}
+
+impl DrainMetrics {
+    /// The families, registered with `metrics`; the gauges go to zero when
+    /// leadership is lost.
+    pub fn register(metrics: &Metrics) -> Self {
+        let m = DrainMetrics {
+            drain_duration: Family::new_with_constructor(|| {
+                // 1 s .. ~1.1 h
+                Histogram::new(exponential_buckets(1.0, 2.0, 13))
+            }),
+            drains_running: Gauge::default(),
+            drains_blocked: Gauge::default(),
+        };
+        metrics.register(
+            "drain_duration_seconds",
+            "Time from a NodeMaintenance's creation to the end of its drain, by result",
+            m.drain_duration.clone(),
+        );
+        metrics.register("drains_running", "Drains in progress", m.drains_running.clone());
+        metrics.register(
+            "drains_blocked",
+            "Drains with a pod whose eviction a PodDisruptionBudget refuses",
+            m.drains_blocked.clone(),
+        );
+        let leader_only = m.clone();
+        metrics.leader_only(move || {
+            leader_only.drains_running.set(0);
+            leader_only.drains_blocked.set(0);
+        });
+        m
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drain_results_export_their_text_and_gauges_go_with_leadership() {
+        let metrics = Metrics::new();
+        let m = DrainMetrics::register(&metrics);
+        for result in [DrainResult::Succeeded, DrainResult::Failed] {
+            m.drain_duration
+                .get_or_create(&ResultLabels { result })
+                .observe(1.0);
+        }
+        m.drains_blocked.set(1);
+        let text = metrics.encode();
+        for line in [
+            r#"nodewarden_drain_duration_seconds_count{result="succeeded"} 1"#,
+            r#"nodewarden_drain_duration_seconds_count{result="failed"} 1"#,
+            "nodewarden_drains_blocked 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
+        metrics.forget_leader_state();
+        assert!(metrics.encode().contains("nodewarden_drains_blocked 0"));
+    }
     use crate::api::node_maintenance::{DrainBlocker, PodReference};
     use crate::drain::DrainProgress;
 

@@ -510,6 +510,10 @@ const SOURCES: &[(&str, &str)] = &[
         include_str!("node_version/gather.rs"),
     ),
     (
+        "controllers/node_version/metrics.rs",
+        include_str!("node_version/metrics.rs"),
+    ),
+    (
         "controllers/node_version/mod.rs",
         include_str!("node_version/mod.rs"),
     ),
@@ -533,6 +537,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("controllers/plan/act.rs", include_str!("plan/act.rs")),
     ("controllers/plan/decide.rs", include_str!("plan/decide.rs")),
     ("controllers/plan/gather.rs", include_str!("plan/gather.rs")),
+    ("controllers/plan/metrics.rs", include_str!("plan/metrics.rs")),
     ("controllers/plan/mod.rs", include_str!("plan/mod.rs")),
     ("controllers/plan/report.rs", include_str!("plan/report.rs")),
     (
@@ -551,6 +556,10 @@ const SOURCES: &[(&str, &str)] = &[
     (
         "controllers/sip_cluster/gather.rs",
         include_str!("sip_cluster/gather.rs"),
+    ),
+    (
+        "controllers/sip_cluster/metrics.rs",
+        include_str!("sip_cluster/metrics.rs"),
     ),
     (
         "controllers/sip_cluster/mod.rs",

@@ -5,9 +5,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
-};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
@@ -21,193 +19,6 @@ use crate::runtime::error::Category;
 use crate::runtime::metrics::{QueueMetrics, RuntimeMetrics};
 use crate::runtime::reflector::ReflectorStats;
 use crate::runtime::sync::lock;
-
-/// Implements `EncodeLabelValue` with the type's `as_str`. The derive would
-/// export each variant's Rust name (`UpToDate`, `KubeApi`), not the label
-/// text dashboards and alerts already use (`up_to_date`, `KubeApiError`).
-macro_rules! label_value_from_as_str {
-    ($($label:ty),* $(,)?) => {$(
-        impl EncodeLabelValue for $label {
-            fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
-                std::fmt::Write::write_str(encoder, self.as_str())
-            }
-        }
-    )*};
-}
-
-// A reconcile error's Category (the runtime's, also the Event reason) and a
-// cloud error's kind are labelled by their text: neither the runtime nor
-// cloud/ needs prometheus_client, and telemetry imports neither's types.
-label_value_from_as_str!(NodeState, DrainResult, PlanNodeState, JobResult, PlanFailure,);
-
-/// A node's state in a rollout, the `state` label of `nodes`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum NodeState {
-    /// On the NodeVersion's image.
-    UpToDate,
-    /// On another image, not yet being replaced.
-    Outdated,
-    /// Being replaced (a surge node or an unavailable one).
-    Replacing,
-}
-
-impl NodeState {
-    /// Every state, in the order the metric's series are set.
-    pub const ALL: [NodeState; 3] = [NodeState::UpToDate, NodeState::Outdated, NodeState::Replacing];
-
-    /// The label text: `up_to_date`, `outdated` or `replacing`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodeState::UpToDate => "up_to_date",
-            NodeState::Outdated => "outdated",
-            NodeState::Replacing => "replacing",
-        }
-    }
-}
-
-/// How a drain ended, the `result` label of `drain_duration_seconds`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum DrainResult {
-    /// Every pod to evict is gone.
-    Succeeded,
-    /// The maintenance ended any other way.
-    Failed,
-}
-
-impl DrainResult {
-    /// The label text: `succeeded` or `failed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DrainResult::Succeeded => "succeeded",
-            DrainResult::Failed => "failed",
-        }
-    }
-}
-
-/// A selected node's state in a Plan, the `state` label of `plan_nodes`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum PlanNodeState {
-    /// Carries the plan's current hash and is not applying.
-    Upgraded,
-    /// Waits for its turn.
-    Due,
-    /// Applying: cordon, drain, Job or the health gate.
-    Applying,
-    /// Its drain or Job failed; it holds the plan.
-    Failed,
-}
-
-impl PlanNodeState {
-    /// Every state, in the order the metric's series are set.
-    pub const ALL: [PlanNodeState; 4] = [
-        PlanNodeState::Upgraded,
-        PlanNodeState::Due,
-        PlanNodeState::Applying,
-        PlanNodeState::Failed,
-    ];
-
-    /// The label text: `upgraded`, `due`, `applying` or `failed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PlanNodeState::Upgraded => "upgraded",
-            PlanNodeState::Due => "due",
-            PlanNodeState::Applying => "applying",
-            PlanNodeState::Failed => "failed",
-        }
-    }
-}
-
-/// How an upgrade Job ended, the `result` label of `plan_job_duration_seconds`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum JobResult {
-    /// Completed.
-    Succeeded,
-    /// Failed: backoff limit or deadline.
-    Failed,
-}
-
-impl JobResult {
-    /// The label text: `succeeded` or `failed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobResult::Succeeded => "succeeded",
-            JobResult::Failed => "failed",
-        }
-    }
-}
-
-/// Why a node stopped a Plan, the `reason` label of `plan_failures`
-/// (also the Complete condition's reason).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum PlanFailure {
-    /// Its drain failed or timed out.
-    DrainFailed,
-    /// Its Job failed.
-    JobFailed,
-}
-
-impl PlanFailure {
-    /// The label text: the condition reason.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PlanFailure::DrainFailed => "DrainFailed",
-            PlanFailure::JobFailed => "JobFailed",
-        }
-    }
-}
-
-/// Label set of `sip_hosts`: the SIPCluster, a role and a state.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SipHostLabels {
-    /// The SIPCluster's namespace (not `namespace`: scrapes add that label for the pod's).
-    pub cluster_namespace: String,
-    /// The SIPCluster's name.
-    pub cluster: String,
-    /// `ControlPlane` or `Worker`.
-    pub role: String,
-    /// `active`, `standby`, or `wanted` (active + standby asked for).
-    pub state: String,
-}
-
-/// Label set of `sip_host_replacements`: the SIPCluster and the role.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SipRoleLabels {
-    /// The SIPCluster's namespace.
-    pub cluster_namespace: String,
-    /// The SIPCluster's name.
-    pub cluster: String,
-    /// `ControlPlane` or `Worker`.
-    pub role: String,
-}
-
-/// Label set of `plan_nodes`: the Plan and a state.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PlanNodeLabels {
-    /// The Plan's namespace (not `namespace`: scrapes add that label for the pod's).
-    pub plan_namespace: String,
-    /// The Plan's name.
-    pub plan: String,
-    /// The nodes' state in the plan.
-    pub state: PlanNodeState,
-}
-
-/// Label set of `plan_job_duration_seconds`: how the Job ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct JobResultLabels {
-    /// How the Job ended.
-    pub result: JobResult,
-}
-
-/// Label set of `plan_failures`: the Plan and why.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PlanFailureLabels {
-    /// The Plan's namespace (not `namespace`: scrapes add that label for the pod's).
-    pub plan_namespace: String,
-    /// The Plan's name.
-    pub plan: String,
-    /// What failed.
-    pub reason: PlanFailure,
-}
 
 /// Label set of the reconcile metrics: the controller.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -230,29 +41,6 @@ pub struct ErrorLabels {
 pub struct TraceLabels {
     /// The trace id, in hex.
     pub trace_id: String,
-}
-
-/// Label set of the rollout metrics: the NodeVersion.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeVersionLabels {
-    /// The NodeVersion's name.
-    pub nodeversion: String,
-}
-
-/// Label set of `nodes`: the NodeVersion and a state.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeStateLabels {
-    /// The NodeVersion's name.
-    pub nodeversion: String,
-    /// The nodes' state in the rollout.
-    pub state: NodeState,
-}
-
-/// Label set of `drain_duration_seconds`: how the drain ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    /// How the drain ended.
-    pub result: DrainResult,
 }
 
 /// Label set of every queue metric: the queue's name.
@@ -361,21 +149,12 @@ impl QueueMetrics for BoundQueue {
 }
 type ExemplarHistogramFamily<L> =
     Family<L, HistogramWithExemplars<TraceLabels>, fn() -> HistogramWithExemplars<TraceLabels>>;
-type FloatGauge = Gauge<f64, AtomicU64>;
+/// A gauge of a fractional value.
+pub type FloatGauge = Gauge<f64, AtomicU64>;
 
 fn reconcile_histogram() -> HistogramWithExemplars<TraceLabels> {
     // 1 ms .. ~65 s
     HistogramWithExemplars::new(exponential_buckets(0.001, 2.0, 17))
-}
-
-fn job_histogram() -> Histogram {
-    // 1 s .. ~2.3 h
-    Histogram::new(exponential_buckets(1.0, 2.0, 14))
-}
-
-fn drain_histogram() -> Histogram {
-    // 1 s .. ~1.1 h
-    Histogram::new(exponential_buckets(1.0, 2.0, 13))
 }
 
 /// Every metric nodewarden exports. Cheap to clone.
@@ -394,33 +173,14 @@ pub struct Metrics {
     pub reconcile_duration: ExemplarHistogramFamily<ControllerLabels>,
     /// 1 while this replica leads, else 0.
     pub leader: Gauge,
-    /// Nodes of each NodeVersion by state (set by the leader).
-    pub nodes: Family<NodeStateLabels, Gauge>,
-    /// Up-to-date nodes / all nodes, per NodeVersion.
-    pub rollout_progress: Family<NodeVersionLabels, FloatGauge>,
-    /// Unix time of the rollout's last step or count change.
-    pub rollout_last_progress: Family<NodeVersionLabels, FloatGauge>,
-    /// Node replacements finished (the old node deleted).
-    pub replacements: Family<NodeVersionLabels, Counter>,
-    /// From the NodeMaintenance's creation to its drain's end.
-    pub drain_duration: HistogramFamily<ResultLabels>,
-    /// Drains in progress.
-    pub drains_running: Gauge,
-    /// Drains with at least one pod a PodDisruptionBudget keeps.
-    pub drains_blocked: Gauge,
-    /// Selected nodes of each Plan by state (set by the leader).
-    pub plan_nodes: Family<PlanNodeLabels, Gauge>,
-    /// Upgrade Jobs from their node entering the job phase to the Job's end.
-    pub plan_job_duration: HistogramFamily<JobResultLabels>,
-    /// Nodes that stopped a Plan, by Plan and reason.
-    pub plan_failures: Family<PlanFailureLabels, Counter>,
-    /// Hosts of each SIPCluster by role and state (set by the leader).
-    pub sip_hosts: Family<SipHostLabels, Gauge>,
-    /// Failed active hosts replaced, by SIPCluster and role.
-    pub sip_host_replacements: Family<SipRoleLabels, Counter>,
     /// Every reflector's counters, read at each scrape.
     reflectors: Reflectors,
+    /// What each part clears when leadership is lost.
+    leader_only: Arc<Mutex<Vec<ForgetFn>>>,
 }
+
+/// Clears a part's leader-only figures.
+type ForgetFn = Box<dyn Fn() + Send + Sync>;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -436,10 +196,6 @@ impl Metrics {
         let queue = QueueFamilies::register(&mut registry);
         let metrics = Metrics::unregistered(queue);
         metrics.register_reconcile(&mut registry);
-        metrics.register_rollout(&mut registry);
-        metrics.register_drain(&mut registry);
-        metrics.register_plan(&mut registry);
-        metrics.register_sip(&mut registry);
         registry.register_collector(Box::new(metrics.reflectors.clone()));
         Metrics {
             registry: Arc::new(Mutex::new(registry)),
@@ -457,19 +213,8 @@ impl Metrics {
             reconcile_errors: Family::default(),
             reconcile_duration: Family::new_with_constructor(reconcile_histogram),
             leader: Gauge::default(),
-            nodes: Family::default(),
-            rollout_progress: Family::default(),
-            rollout_last_progress: Family::default(),
-            replacements: Family::default(),
-            drain_duration: Family::new_with_constructor(drain_histogram),
-            drains_running: Gauge::default(),
-            drains_blocked: Gauge::default(),
-            plan_nodes: Family::default(),
-            plan_job_duration: Family::new_with_constructor(job_histogram),
-            plan_failures: Family::default(),
-            sip_hosts: Family::default(),
-            sip_host_replacements: Family::default(),
             reflectors: Reflectors::default(),
+            leader_only: Arc::default(),
         }
     }
 
@@ -497,82 +242,6 @@ impl Metrics {
         );
     }
 
-    /// NodeVersion rollouts.
-    fn register_rollout(&self, registry: &mut Registry) {
-        registry.register(
-            "nodes",
-            "Nodes of each NodeVersion by state: up_to_date, outdated, replacing (leader only)",
-            self.nodes.clone(),
-        );
-        registry.register(
-            "rollout_progress_ratio",
-            "Share of a NodeVersion's nodes that are up to date (leader only)",
-            self.rollout_progress.clone(),
-        );
-        registry.register(
-            "rollout_last_progress_timestamp_seconds",
-            "Unix time a NodeVersion's rollout last took a step or changed its counts (leader only)",
-            self.rollout_last_progress.clone(),
-        );
-        registry.register(
-            "replacements",
-            "Node replacements finished: the outdated node and its instance deleted",
-            self.replacements.clone(),
-        );
-    }
-
-    /// NodeMaintenance drains.
-    fn register_drain(&self, registry: &mut Registry) {
-        registry.register(
-            "drain_duration_seconds",
-            "Time from a NodeMaintenance's creation to the end of its drain, by result",
-            self.drain_duration.clone(),
-        );
-        registry.register(
-            "drains_running",
-            "Drains in progress",
-            self.drains_running.clone(),
-        );
-        registry.register(
-            "drains_blocked",
-            "Drains with a pod whose eviction a PodDisruptionBudget refuses",
-            self.drains_blocked.clone(),
-        );
-    }
-
-    /// In-place upgrade Plans.
-    fn register_plan(&self, registry: &mut Registry) {
-        registry.register(
-            "plan_nodes",
-            "Selected nodes of each Plan by state: upgraded, due, applying, failed (leader only)",
-            self.plan_nodes.clone(),
-        );
-        registry.register(
-            "plan_job_duration_seconds",
-            "Time from a node entering its upgrade Job's phase to the Job's end, by result",
-            self.plan_job_duration.clone(),
-        );
-        registry.register(
-            "plan_failures",
-            "Nodes whose drain or upgrade Job failed and stopped their Plan",
-            self.plan_failures.clone(),
-        );
-    }
-
-    /// SIPCluster hosts.
-    fn register_sip(&self, registry: &mut Registry) {
-        registry.register(
-            "sip_hosts",
-            "Hosts of each SIPCluster by role and state: active, standby, wanted (leader only)",
-            self.sip_hosts.clone(),
-        );
-        registry.register(
-            "sip_host_replacements",
-            "Failed active hosts of a SIPCluster replaced (by a standby or a free host)",
-            self.sip_host_replacements.clone(),
-        );
-    }
-
     /// Registers a family that a part of nodewarden keeps itself (a
     /// controller's or the cloud's own figures), under the `nodewarden_`
     /// prefix. Each part registers its families once, as it starts.
@@ -580,70 +249,18 @@ impl Metrics {
         lock(&self.registry).register(name, help, metric);
     }
 
-    /// Sets a SIPCluster's host counts of one role.
-    pub fn set_sip_hosts(&self, namespace: &str, cluster: &str, role: &str, counts: [(&str, usize); 3]) {
-        for (state, n) in counts {
-            let labels = SipHostLabels {
-                cluster_namespace: namespace.into(),
-                cluster: cluster.into(),
-                role: role.into(),
-                state: state.into(),
-            };
-            self.sip_hosts
-                .get_or_create(&labels)
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// A deleted SIPCluster: its series go.
-    pub fn forget_sip(&self, namespace: &str, cluster: &str) {
-        for role in crate::api::sip::ROLES {
-            for state in ["active", "standby", "wanted"] {
-                self.sip_hosts.remove(&SipHostLabels {
-                    cluster_namespace: namespace.into(),
-                    cluster: cluster.into(),
-                    role: role.into(),
-                    state: state.into(),
-                });
-            }
-        }
-    }
-
-    /// Sets a Plan's node counts (every state, zeros included).
-    pub fn set_plan_nodes(&self, namespace: &str, plan: &str, counts: impl Fn(PlanNodeState) -> usize) {
-        for state in PlanNodeState::ALL {
-            let labels = PlanNodeLabels {
-                plan_namespace: namespace.into(),
-                plan: plan.into(),
-                state,
-            };
-            self.plan_nodes
-                .get_or_create(&labels)
-                .set(i64::try_from(counts(state)).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// A deleted Plan: its series go.
-    pub fn forget_plan(&self, namespace: &str, plan: &str) {
-        for state in PlanNodeState::ALL {
-            self.plan_nodes.remove(&PlanNodeLabels {
-                plan_namespace: namespace.into(),
-                plan: plan.into(),
-                state,
-            });
-        }
-    }
-
     /// Leadership lost: the gauges only a leader keeps current go, so no
     /// dashboard or alert reads a former leader's last values.
     pub fn forget_leader_state(&self) {
-        self.nodes.clear();
-        self.rollout_progress.clear();
-        self.rollout_last_progress.clear();
-        self.plan_nodes.clear();
-        self.sip_hosts.clear();
-        self.drains_running.set(0);
-        self.drains_blocked.set(0);
+        for forget in lock(&self.leader_only).iter() {
+            forget();
+        }
+    }
+
+    /// `forget` clears a part's leader-only figures when leadership is
+    /// lost (see [`Metrics::forget_leader_state`]).
+    pub fn leader_only(&self, forget: impl Fn() + Send + Sync + 'static) {
+        lock(&self.leader_only).push(Box::new(forget));
     }
 
     /// The metrics in OpenMetrics text format.
@@ -790,83 +407,27 @@ mod tests {
     }
 
     #[test]
-    fn a_former_leader_exports_no_rollout_state() {
+    fn reconcile_errors_are_labelled_by_category_text() {
         let m = Metrics::new();
-        let nv = NodeVersionLabels {
-            nodeversion: "v".into(),
-        };
-        m.rollout_progress.get_or_create(&nv).set(0.5);
-        m.nodes
-            .get_or_create(&NodeStateLabels {
-                nodeversion: "v".into(),
-                state: NodeState::Outdated,
-            })
-            .set(3);
-        m.drains_blocked.set(1);
-        m.set_plan_nodes("ns", "p", |_| 1);
-        assert!(
-            m.encode()
-                .contains("nodewarden_rollout_progress_ratio{nodeversion=\"v\"} 0.5")
-        );
-        m.forget_leader_state();
+        m.failed("c", Category::KubeApi);
+        let line = r#"nodewarden_reconcile_errors_total{controller="c",category="KubeApiError"} 1"#;
         let text = m.encode();
-        assert!(!text.contains("nodewarden_rollout_progress_ratio{"), "{text}");
-        assert!(!text.contains("nodewarden_nodes{"), "{text}");
-        assert!(!text.contains("nodewarden_plan_nodes{"), "{text}");
-        assert!(text.contains("nodewarden_drains_blocked 0"), "{text}");
+        assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
     }
 
-    /// The label enums export the text the former `String` labels had
-    /// (dashboards, alerts and tests match on it).
     #[test]
-    fn label_enums_export_their_text() {
+    fn a_former_leader_forgets_what_each_part_asked() {
         let m = Metrics::new();
-        for state in NodeState::ALL {
-            m.nodes
-                .get_or_create(&NodeStateLabels {
-                    nodeversion: "v".into(),
-                    state,
-                })
-                .set(1);
-        }
-        for result in [DrainResult::Succeeded, DrainResult::Failed] {
-            m.drain_duration
-                .get_or_create(&ResultLabels { result })
-                .observe(1.0);
-        }
-        m.failed("c", Category::KubeApi);
-        m.set_plan_nodes("ns", "p", |s| {
-            PlanNodeState::ALL.iter().position(|x| *x == s).unwrap_or(0)
+        let gauge: Gauge = Gauge::default();
+        m.register("probe", "A leader-only probe", gauge.clone());
+        gauge.set(3);
+        let cleared = gauge.clone();
+        m.leader_only(move || {
+            cleared.set(0);
         });
-        m.plan_job_duration
-            .get_or_create(&JobResultLabels {
-                result: JobResult::Failed,
-            })
-            .observe(2.0);
-        m.plan_failures
-            .get_or_create(&PlanFailureLabels {
-                plan_namespace: "ns".into(),
-                plan: "p".into(),
-                reason: PlanFailure::DrainFailed,
-            })
-            .inc();
-        let text = m.encode();
-        for line in [
-            r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="upgraded"} 0"#,
-            r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="due"} 1"#,
-            r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="applying"} 2"#,
-            r#"nodewarden_plan_nodes{plan_namespace="ns",plan="p",state="failed"} 3"#,
-            r#"nodewarden_plan_job_duration_seconds_count{result="failed"} 1"#,
-            r#"nodewarden_plan_failures_total{plan_namespace="ns",plan="p",reason="DrainFailed"} 1"#,
-            r#"nodewarden_nodes{nodeversion="v",state="up_to_date"} 1"#,
-            r#"nodewarden_nodes{nodeversion="v",state="outdated"} 1"#,
-            r#"nodewarden_nodes{nodeversion="v",state="replacing"} 1"#,
-            r#"nodewarden_drain_duration_seconds_count{result="succeeded"} 1"#,
-            r#"nodewarden_drain_duration_seconds_count{result="failed"} 1"#,
-            r#"nodewarden_reconcile_errors_total{controller="c",category="KubeApiError"} 1"#,
-        ] {
-            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
-        }
+        assert!(m.encode().contains("nodewarden_probe 3"));
+        m.forget_leader_state();
+        assert!(m.encode().contains("nodewarden_probe 0"), "{}", m.encode());
     }
 
     #[test]

@@ -17,13 +17,18 @@ use nodewarden::admission::metrics::WebhookMetrics;
 use nodewarden::cloud::CloudOperation;
 use nodewarden::cloud::error::CloudErrorKind;
 use nodewarden::cloud::metered::{CloudErrorLabels, CloudLabels, CloudMetrics};
+use nodewarden::controllers::node_maintenance::{DrainMetrics, DrainResult, ResultLabels};
+use nodewarden::controllers::node_version::metrics::{
+    NodeState, NodeStateLabels, NodeVersionLabels, RolloutMetrics,
+};
+use nodewarden::controllers::plan::metrics::{
+    JobResult, JobResultLabels, PlanFailure, PlanFailureLabels, PlanMetrics,
+};
+use nodewarden::controllers::sip_cluster::metrics::{SipMetrics, SipRoleLabels};
 use nodewarden::runtime::error::Category;
 use nodewarden::runtime::rate_limiter::default_rate_limiter;
 use nodewarden::runtime::workqueue::WorkQueue;
-use nodewarden::telemetry::metrics::{
-    ControllerLabels, DrainResult, ErrorLabels, JobResult, JobResultLabels, Metrics, NodeState,
-    NodeStateLabels, NodeVersionLabels, PlanFailure, PlanFailureLabels, ResultLabels, SipRoleLabels,
-};
+use nodewarden::telemetry::metrics::{ControllerLabels, ErrorLabels, Metrics};
 use serde_json::{Value, json};
 
 /// API groups whose CRDs the test control plane does not have: objects of
@@ -389,19 +394,23 @@ fn populated_metrics() -> Metrics {
         category: Category::Panic.as_str(),
     });
     metrics.reconcile_duration.get_or_create_owned(&controller);
+    // The families each controller registers as it starts.
+    let rollout = RolloutMetrics::register(&metrics);
     let nodeversion = NodeVersionLabels {
         nodeversion: "probe".into(),
     };
-    metrics.nodes.get_or_create_owned(&NodeStateLabels {
+    rollout.nodes.get_or_create_owned(&NodeStateLabels {
         nodeversion: "probe".into(),
         state: NodeState::Outdated,
     });
-    metrics.rollout_progress.get_or_create_owned(&nodeversion);
-    metrics.rollout_last_progress.get_or_create_owned(&nodeversion);
-    metrics.replacements.get_or_create_owned(&nodeversion);
-    metrics.drain_duration.get_or_create_owned(&ResultLabels {
-        result: DrainResult::Succeeded,
-    });
+    rollout.rollout_progress.get_or_create_owned(&nodeversion);
+    rollout.rollout_last_progress.get_or_create_owned(&nodeversion);
+    rollout.replacements.get_or_create_owned(&nodeversion);
+    DrainMetrics::register(&metrics)
+        .drain_duration
+        .get_or_create_owned(&ResultLabels {
+            result: DrainResult::Succeeded,
+        });
     // The families the cloud and the webhook register as they start.
     let cloud = CloudMetrics::register(&metrics);
     cloud.duration(&CloudLabels {
@@ -414,22 +423,24 @@ fn populated_metrics() -> Metrics {
         category: CloudErrorKind::Server.as_str(),
     });
     WebhookMetrics::register(&metrics).serving();
-    metrics.set_plan_nodes("probe", "probe", |_| 0);
-    metrics.plan_job_duration.get_or_create_owned(&JobResultLabels {
+    let plans = PlanMetrics::register(&metrics);
+    plans.set_plan_nodes("probe", "probe", |_| 0);
+    plans.plan_job_duration.get_or_create_owned(&JobResultLabels {
         result: JobResult::Succeeded,
     });
-    metrics.plan_failures.get_or_create_owned(&PlanFailureLabels {
+    plans.plan_failures.get_or_create_owned(&PlanFailureLabels {
         plan_namespace: "probe".into(),
         plan: "probe".into(),
         reason: PlanFailure::JobFailed,
     });
-    metrics.set_sip_hosts(
+    let sip = SipMetrics::register(&metrics);
+    sip.set_sip_hosts(
         "probe",
         "probe",
         "Worker",
         [("active", 0), ("standby", 0), ("wanted", 0)],
     );
-    metrics.sip_host_replacements.get_or_create_owned(&SipRoleLabels {
+    sip.sip_host_replacements.get_or_create_owned(&SipRoleLabels {
         cluster_namespace: "probe".into(),
         cluster: "probe".into(),
         role: "Worker".into(),

@@ -20,6 +20,7 @@
 mod act;
 mod decide;
 mod gather;
+pub mod metrics;
 mod report;
 mod retire;
 mod status;
@@ -51,7 +52,6 @@ use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
 use crate::runtime::store::{Key, Store};
 use crate::runtime::workqueue::WorkQueue;
-use crate::telemetry::Metrics;
 
 /// NodeMaintenances a rollout creates are named with this prefix.
 pub const DRAIN_PREFIX: &str = "nodewarden-replace-";
@@ -98,7 +98,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         pending,
         maintenances,
         strategies,
-        metrics: app.metrics.clone(),
+        metrics: metrics::RolloutMetrics::register(&app.metrics),
         recorder: app.recorder.clone(),
         sent_roots: SentRoots::default(),
         status_writes: StatusWrites::default(),
@@ -132,7 +132,7 @@ pub struct NodeVersionReconciler {
     /// The autoscaler's strategies (paused during a rollout).
     pub strategies: Store<AutoscalingStrategy>,
     /// Rollout metrics.
-    pub metrics: Metrics,
+    pub metrics: metrics::RolloutMetrics,
     /// Publishes the rollout's Events on its NodeVersion.
     pub recorder: kube::runtime::events::Recorder,
     /// Replacement roots this replica sent.

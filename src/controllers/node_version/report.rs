@@ -12,13 +12,13 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::NodeVersionReconciler;
+use super::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
 use super::status::{Pass, next_status};
 use crate::api::conditions::set_condition;
 use crate::api::update::{NodeVersion, NodeVersionStatus, condition};
 use crate::controllers::replacement_trace::{FinishedReplacement, trace_node_deleted, trace_rollout_end};
 use crate::error::Result;
 use crate::rollout;
-use crate::telemetry::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
 use crate::telemetry::trace::{self, TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent};
 
 impl NodeVersionReconciler {

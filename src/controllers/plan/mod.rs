@@ -17,6 +17,7 @@
 mod act;
 mod decide;
 mod gather;
+pub mod metrics;
 mod report;
 
 use std::collections::{BTreeSet, HashMap};
@@ -40,12 +41,12 @@ use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
 use crate::runtime::manager::{Manager, Source, always};
 use crate::runtime::store::{Key, ObjectKey, Store};
-use crate::telemetry::metrics::{Metrics, PlanNodeState};
 use crate::upgrade::job::JobDefaults;
 use crate::upgrade::schedule::{self, NodeDecision, Step};
 use crate::upgrade::tally::{ChangedNodes, Tally};
 use crate::upgrade::window::Window;
 use crate::upgrade::{labels, safe_concat_name};
+use metrics::{PlanMetrics, PlanNodeState};
 
 /// The finalizer that lets a deleted plan undo what it did first.
 pub const FINALIZER: &str = "nodewarden.dev/plan";
@@ -119,7 +120,7 @@ pub fn register(manager: &mut Manager, app: &App) {
             client: app.client.clone(),
             leader: app.leader.clone(),
             recorder: app.recorder.clone(),
-            metrics: app.metrics.clone(),
+            metrics: PlanMetrics::register(&app.metrics),
             config: app.plans.clone(),
             plans,
             nodes,
@@ -171,7 +172,7 @@ struct PlanContext {
     client: Client,
     leader: LeaderHandle,
     recorder: Recorder,
-    metrics: Metrics,
+    metrics: PlanMetrics,
     config: PlanConfig,
     plans: Store<Plan>,
     nodes: Store<Node>,

@@ -13,13 +13,13 @@ use kube::{Resource, ResourceExt};
 
 use super::decide::first_phase;
 use super::gather::{Resolved, Validated};
+use super::metrics::{JobResult, JobResultLabels, PlanFailure, PlanFailureLabels, PlanNodeState};
 use super::{Applying, PlanReconciler, Round, Target};
 use crate::api::conditions::set_condition;
 use crate::api::plan::{NodeUpgrade, Plan, PlanStatus};
 use crate::controllers::replacement_trace::TRACE_FLUSH_TIMEOUT;
 use crate::error::Result;
 use crate::runtime::store::ObjectKey;
-use crate::telemetry::metrics::{JobResult, JobResultLabels, PlanFailure, PlanFailureLabels, PlanNodeState};
 use crate::telemetry::trace::{self, SpanRecord, TraceParent};
 use crate::upgrade::job::HOSTNAME_LABEL;
 use crate::upgrade::schedule::{self, Phase};

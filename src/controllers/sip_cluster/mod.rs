@@ -13,6 +13,7 @@
 mod act;
 mod decide;
 mod gather;
+pub mod metrics;
 mod report;
 
 use std::collections::BTreeMap;
@@ -35,9 +36,9 @@ use crate::runtime::manager::{ControllerBuilder, Manager, Source, always, change
 use crate::runtime::store::{Key, Store};
 use crate::sip::schedule::{self, ClusterPlan, HostState};
 use crate::sip::services;
-use crate::telemetry::metrics::Metrics;
 use decide::{Failures, TEMPLATE_NOT_RENDERED};
 use gather::HostDetails;
+use metrics::SipMetrics;
 
 pub use act::{claim_labels, host_patch, release_labels};
 
@@ -86,7 +87,7 @@ pub fn register(manager: &mut Manager, app: &App) {
             client: app.client.clone(),
             leader: app.leader.clone(),
             recorder: app.recorder.clone(),
-            metrics: app.metrics.clone(),
+            metrics: SipMetrics::register(&app.metrics),
             hosts,
             claiming: tokio::sync::Mutex::new(()),
         }),
@@ -161,7 +162,7 @@ struct SipContext {
     client: Client,
     leader: LeaderHandle,
     recorder: Recorder,
-    metrics: Metrics,
+    metrics: SipMetrics,
     hosts: Store<BareMetalHost>,
     /// One cluster claims at a time in this replica (upstream's serial
     /// processing); the resourceVersion preconditions guard across replicas.

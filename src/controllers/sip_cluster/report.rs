@@ -14,11 +14,11 @@ use super::super::{event, spawn_event};
 use super::SipReconciler;
 use super::decide::{self, Failures};
 use super::gather::HostDetails;
+use super::metrics::SipRoleLabels;
 use crate::api::conditions::set_condition;
 use crate::api::sip::{ChosenHost, ROLES, SIPCluster, SIPClusterStatus, ServiceEndpoint};
 use crate::error::Result;
 use crate::sip::schedule::{ClusterPlan, HostState};
-use crate::telemetry::metrics::SipRoleLabels;
 use crate::telemetry::trace::{self, SpanRecord, TraceParent};
 
 /// When a reconcile started, finished its label writes, finished.
