@@ -1,6 +1,6 @@
 //! The webhook's own figures: what it refused, by reason.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -67,11 +67,7 @@ pub struct RefusalLabels {
     pub reason: WebhookRefusal,
 }
 
-impl EncodeLabelValue for WebhookRefusal {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
+crate::telemetry::metrics::label_value_from_as_str!(WebhookRefusal);
 
 /// `webhook_requests_refused`, by reason.
 #[derive(Clone)]

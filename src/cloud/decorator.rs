@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, InstanceState, ScalingGroup};
-use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
 
 /// A cloud provider call, the `operation` label of the cloud metrics: one
 /// per method of `CloudProvider`.
@@ -51,11 +50,7 @@ impl CloudOperation {
     }
 }
 
-impl EncodeLabelValue for CloudOperation {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
+crate::telemetry::metrics::label_value_from_as_str!(CloudOperation);
 
 /// A provider that wraps another (see the module docs).
 pub trait Decorator: Send + Sync {

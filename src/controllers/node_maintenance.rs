@@ -40,7 +40,7 @@ use crate::telemetry::Metrics;
 use crate::telemetry::metrics::HistogramFamily;
 use crate::telemetry::trace::{self, SpanRecord};
 use opentelemetry::KeyValue;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -1136,11 +1136,7 @@ impl DrainResult {
     }
 }
 
-impl EncodeLabelValue for DrainResult {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
+crate::telemetry::metrics::label_value_from_as_str!(DrainResult);
 
 /// Label set of `drain_duration_seconds`: how the drain ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

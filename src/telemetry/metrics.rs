@@ -50,6 +50,24 @@ pub struct QueueLabels {
     pub name: String,
 }
 
+/// Implements `EncodeLabelValue` with the type's `as_str`, for the label
+/// enums each part of nodewarden defines beside its families. The derive
+/// would export each variant's Rust name (`UpToDate`), not the label text
+/// dashboards and alerts use (`up_to_date`).
+macro_rules! label_value_from_as_str {
+    ($($label:ty),* $(,)?) => {$(
+        impl prometheus_client::encoding::EncodeLabelValue for $label {
+            fn encode(
+                &self,
+                encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+            ) -> std::fmt::Result {
+                std::fmt::Write::write_str(encoder, self.as_str())
+            }
+        }
+    )*};
+}
+pub(crate) use label_value_from_as_str;
+
 /// A family of histograms made with one bucket layout.
 pub type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 

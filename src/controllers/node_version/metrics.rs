@@ -1,7 +1,7 @@
 //! The NodeVersion controller's own figures: nodes by state, progress, the
 //! last step's time (leader only) and finished replacements.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -34,11 +34,7 @@ impl NodeState {
     }
 }
 
-impl EncodeLabelValue for NodeState {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
+crate::telemetry::metrics::label_value_from_as_str!(NodeState);
 
 /// Label set of the rollout metrics: the NodeVersion.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -1,7 +1,7 @@
 //! The Plan controller's own figures: selected nodes by state (leader
 //! only), upgrade Jobs' durations and the nodes that stopped a Plan.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -82,23 +82,7 @@ impl PlanFailure {
     }
 }
 
-impl EncodeLabelValue for PlanNodeState {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
-
-impl EncodeLabelValue for JobResult {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
-
-impl EncodeLabelValue for PlanFailure {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
+crate::telemetry::metrics::label_value_from_as_str!(PlanNodeState, JobResult, PlanFailure);
 
 /// Label set of `plan_nodes`: the Plan and a state.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
