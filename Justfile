@@ -93,6 +93,14 @@ cluster-status:
 kubectl *args:
     "$(cat "{{run_dir}}/bin-dir")/kubectl" --kubeconfig "{{run_dir}}/kubeconfig" {{args}}
 
+# The container image without Docker: static (musl) binaries and the pinned CA bundle in an OCI archive, target/image/nodewarden-<version>-linux-<arch>.oci.tar, named ghcr.io/nodewarden/nodewarden:<version> (docker load, kind load image-archive, skopeo copy oci-archive:...). arm64 needs a C cross compiler (e2e/image/build.sh).
+image arch="amd64":
+    e2e/image/build.sh {{arch}}
+
+# Check the image `just image` wrote: go-containerregistry validates it as an OCI layout and as a docker-save tarball; user 65532, entrypoint, no shell, static binaries, the Dockerfile's layout; the binaries run from the unpacked root.
+image-check arch="amd64":
+    e2e/image/check.sh {{arch}}
+
 # Regenerate manifests/base/crds.yaml (and the chart's copy) from the Rust types.
 crds:
     cargo run --quiet -- crds > manifests/base/crds.yaml

@@ -158,3 +158,34 @@ lease_holder() {
   [ "$#" -gt 0 ] || set -- kubectl
   "$@" -n "$ns" get lease "$name" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true
 }
+
+# --- pinned Go tools --------------------------------------------------------------
+
+# go_tool_dir NAME VERSION SCRIPT: the cache directory for a pinned Go tool built
+# by SCRIPT from the go.mod of the current directory, keyed by that go.mod, go.sum
+# and SCRIPT: $cache/NAME/VERSION-KEY. Created when missing.
+go_tool_dir() {
+  local key dir
+  key=$(cat go.mod go.sum "$3" | sha256sum | cut -c1-16)
+  dir="${NODEWARDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodewarden}/$1/$2-$key"
+  mkdir -p "$dir"
+  echo "$dir"
+}
+
+# go_build_tool BIN_DIR NAME PKG [LDFLAGS]: builds PKG (from the go.mod of the
+# current directory, verified against go.sum, never downloading a toolchain) into
+# BIN_DIR/NAME, through a temporary name so an interrupted build never looks done.
+# Dies with the compiler's output when the build fails.
+go_build_tool() {
+  local bin_dir=$1 name=$2 pkg=$3 ldflags=${4:--s -w} start out
+  log "building $name from $pkg ..."
+  start=$(date +%s)
+  if ! out=$(GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 \
+    go build -trimpath -ldflags "$ldflags" -o "$bin_dir/.$name.tmp" "$pkg" 2>&1); then
+    rm -f "$bin_dir/.$name.tmp"
+    log "$out"
+    die "building $name from $pkg failed"
+  fi
+  mv "$bin_dir/.$name.tmp" "$bin_dir/$name"
+  log "$name built in $(($(date +%s) - start)) s ($(du -sh "$bin_dir/$name" | cut -f1))"
+}

@@ -10,6 +10,7 @@ use nodewarden::admission::limits;
 use nodewarden::api::update::Rollout;
 use nodewarden::api::update::rollout::scaled_int_or_percent;
 use nodewarden::cloud::metered::Ration;
+use nodewarden::controllers::BareMetal;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
 use nodewarden::controllers::plan::PlanConfig;
 use nodewarden::operator::{self, OperatorConfig};
@@ -92,7 +93,8 @@ struct RunArgs {
     /// Cloud calls at once after a quiet spell (the ration's burst).
     #[arg(long, env = "NODEWARDEN_CLOUD_BURST", default_value_t = nodewarden::cloud::metered::DEFAULT_BURST)]
     cloud_burst: u32,
-    /// AWS: the cluster's `constellation-uid` tag value (its Auto Scaling groups).
+    /// AWS: the cluster's `constellation-uid` tag value (its Auto Scaling
+    /// groups). Required with `--cloud aws`.
     #[arg(long, env = "NODEWARDEN_AWS_CLUSTER_UID")]
     aws_cluster_uid: Option<String>,
     /// AWS: another endpoint for every service (moto, LocalStack); the SDK's
@@ -102,7 +104,9 @@ struct RunArgs {
     /// AWS: how long one API call may take before it counts as failed (seconds).
     #[arg(long, env = "NODEWARDEN_AWS_CALL_TIMEOUT", default_value_t = 10.0)]
     aws_call_timeout: f64,
-    /// AWS: the region (default: the SDK's chain, e.g. AWS_REGION).
+    /// AWS: the region of the cluster's Auto Scaling groups. Required with
+    /// `--cloud aws`; AWS_REGION or AWS_DEFAULT_REGION serve too (never a
+    /// default: another region would hold other groups).
     #[arg(long, env = "NODEWARDEN_AWS_REGION")]
     aws_region: Option<String>,
     /// Create ScalingGroups following this NodeVersion for cloud groups without one.
@@ -124,8 +128,9 @@ struct RunArgs {
     /// How long one etcd call may take (seconds).
     #[arg(long, env = "NODEWARDEN_ETCD_TIMEOUT", default_value_t = 5.0)]
     etcd_timeout: f64,
-    /// Serve SIPClusters over metal3 BareMetalHosts: auto (when metal3's API
-    /// is installed), on or off.
+    /// Serve SIPClusters over metal3 BareMetalHosts: auto (once metal3's API
+    /// is installed, also when that happens after the start), on (it must
+    /// be installed: /readyz waits for it) or off.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     sip: String,
     /// The surge of a rollout whose NodeVersion sets neither
@@ -259,7 +264,19 @@ fn one_malloc_arena() {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// A failure ends the process with one line on stderr: the error and its
+/// causes, joined by ": ", so a crash-looping Pod's last log line says it all.
+fn main() -> std::process::ExitCode {
+    match start() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("nodewarden: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn start() -> anyhow::Result<()> {
     one_malloc_arena();
     let cli = Cli::parse();
     match cli.command {
@@ -285,7 +302,7 @@ fn main() -> anyhow::Result<()> {
 async fn cloud(
     args: &RunArgs,
 ) -> anyhow::Result<Option<std::sync::Arc<dyn nodewarden::cloud::CloudProvider>>> {
-    use nodewarden::cloud::aws::{AwsConfig, AwsProvider};
+    use nodewarden::cloud::aws::AwsProvider;
     use nodewarden::cloud::sim::SimProvider;
     let which = args
         .cloud
@@ -301,21 +318,37 @@ async fn cloud(
                 SimProvider::new(endpoint).context("configuring the sim cloud")?,
             ))
         }
-        "aws" => {
-            let config = AwsConfig {
-                cluster_uid: args.aws_cluster_uid.clone().unwrap_or_default(),
-                endpoint: args.aws_endpoint.clone(),
-                region: args.aws_region.clone(),
-                static_credentials: None,
-                call_timeout: Some(seconds(args.aws_call_timeout, "aws-call-timeout")?),
-            };
-            Some(std::sync::Arc::new(
-                AwsProvider::new(config)
-                    .await
-                    .context("configuring the aws cloud")?,
-            ))
-        }
+        "aws" => Some(std::sync::Arc::new(
+            AwsProvider::new(aws_config(args)?)
+                .await
+                .context("configuring the aws cloud")?,
+        )),
         _ => None,
+    })
+}
+
+/// The AWS settings nodewarden cannot guess, each refused at start with one
+/// line naming where to set it when it is missing or empty: a wrong guess
+/// (another region, every group of the account) would act on the wrong nodes.
+fn aws_config(args: &RunArgs) -> anyhow::Result<nodewarden::cloud::aws::AwsConfig> {
+    let given = |value: Option<String>| value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let cluster_uid = given(args.aws_cluster_uid.clone()).context(
+        "--cloud aws needs the value of the cluster's Auto Scaling groups' constellation-uid tag: \
+         set --aws-cluster-uid or NODEWARDEN_AWS_CLUSTER_UID",
+    )?;
+    let region = given(args.aws_region.clone())
+        .or_else(|| given(std::env::var("AWS_REGION").ok()))
+        .or_else(|| given(std::env::var("AWS_DEFAULT_REGION").ok()))
+        .context(
+            "--cloud aws needs the region of the cluster's Auto Scaling groups: \
+             set --aws-region, NODEWARDEN_AWS_REGION or AWS_REGION",
+        )?;
+    Ok(nodewarden::cloud::aws::AwsConfig {
+        cluster_uid,
+        endpoint: args.aws_endpoint.clone(),
+        region: Some(region),
+        static_credentials: None,
+        call_timeout: Some(seconds(args.aws_call_timeout, "aws-call-timeout")?),
     })
 }
 
@@ -428,9 +461,9 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         admission,
         webhook_limits,
         bare_metal: match args.sip.as_str() {
-            "on" => Some(true),
-            "off" => Some(false),
-            _ => None,
+            "on" => BareMetal::On,
+            "off" => BareMetal::Off,
+            _ => BareMetal::WhenInstalled,
         },
         rollout: Rollout {
             max_surge: args.rollout_max_surge,

@@ -14,7 +14,7 @@ use crate::cloud::batch::BatchedStates;
 use crate::cloud::metered::{CloudMetrics, MeteredCloud, Ration};
 use crate::cloud::retry::{RetryPolicy, RetryingCloud};
 use crate::controllers::node_maintenance::MaintenanceConfig;
-use crate::controllers::{App, register_all, scaling_group};
+use crate::controllers::{App, BareMetal, register_all, scaling_group};
 use crate::http::{self, HttpState};
 use crate::runtime::controller::ControllerConfig;
 use crate::runtime::leader::{ConfigError, LeaderElectionConfig, LeaderElector};
@@ -50,9 +50,8 @@ pub struct OperatorConfig {
     /// Create ScalingGroups (following this NodeVersion) for cloud groups that
     /// have none, while leading.
     pub discover_scaling_groups: Option<String>,
-    /// Run the SIPCluster controller (it needs metal3's BareMetalHost API);
-    /// None: run it when that API is installed.
-    pub bare_metal: Option<bool>,
+    /// Run the SIPCluster controller (it needs metal3's BareMetalHost API).
+    pub bare_metal: BareMetal,
     /// Serve the validating admission webhook (every replica); None: off.
     pub admission: Option<crate::admission::AdmissionConfig>,
     /// What any client of the webhook is held to (body size, timeouts,
@@ -94,7 +93,7 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
     app.maintenance = config.maintenance.clone();
     app.plans = config.plans.clone();
     app.rollout = config.rollout.clone();
-    app.bare_metal = config.bare_metal.unwrap_or(false);
+    app.bare_metal = config.bare_metal;
     app.cloud = config.cloud.clone().map(|cloud| {
         // Each attempt is metered and rationed; the state reads made at
         // once share one attempt; reads are retried above that.
@@ -169,10 +168,6 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), OperatorError> {
     let metrics = Metrics::new();
-    let mut config = config;
-    if config.bare_metal.is_none() {
-        config.bare_metal = Some(bare_metal_api_installed(&client).await);
-    }
     let manager = manager(client, &config, &metrics)?;
     let identity = manager.leader().identity().to_owned();
     let state = HttpState {
@@ -193,95 +188,4 @@ pub async fn run(
     let _ = http_task.await;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Whether metal3's BareMetalHost API is installed (the SIPCluster
-/// controller needs it). Checked at start: installing it later takes a
-/// restart. An API server that does not answer yet (a replica started while
-/// it restarts) is asked again, with a growing pause up to 10 s: only a
-/// definite answer may turn the controller off for the process's lifetime.
-pub async fn bare_metal_api_installed(client: &Client) -> bool {
-    let api: kube::Api<crate::api::metal3::BareMetalHost> = kube::Api::all(client.clone());
-    let mut pause = std::time::Duration::from_millis(500);
-    let started = std::time::Instant::now();
-    loop {
-        let result = api.list(&kube::api::ListParams::default().limit(1)).await;
-        match bare_metal_verdict(&result, started.elapsed()) {
-            Some(installed) => {
-                if let Err(e) = &result {
-                    tracing::info!(error = %e, "metal3's BareMetalHost API is not installed: the SIPCluster controller is off (restart nodewarden once it is installed)");
-                }
-                return installed;
-            }
-            None => {
-                if let Err(e) = &result {
-                    tracing::warn!(error = %e, retry_in = ?pause, "could not ask whether metal3's BareMetalHost API is installed; asking again");
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(10));
-            }
-        }
-    }
-}
-
-/// How long a 403 is taken for the API server still loading its RBAC
-/// (right after it restarts it refuses what it will allow moments later).
-const FORBIDDEN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// What a list of BareMetalHosts says about the API, `asked_for` after the
-/// first try: installed, not installed (404: no such resource; 403 for
-/// longer than [`FORBIDDEN_GRACE`]: not ours to read), or None when the API
-/// server gave no answer about it yet (no connection, 5xx, throttled, a
-/// fresh 403).
-fn bare_metal_verdict<T>(
-    result: &std::result::Result<T, kube::Error>,
-    asked_for: std::time::Duration,
-) -> Option<bool> {
-    match result {
-        Ok(_) => Some(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Some(false),
-        Err(kube::Error::Api(s)) if s.code == 403 && asked_for >= FORBIDDEN_GRACE => Some(false),
-        Err(_) => None,
-    }
-}
-
-#[cfg(test)]
-mod bare_metal_tests {
-    use std::time::Duration;
-
-    use super::bare_metal_verdict;
-
-    fn api_error(code: u16) -> kube::Error {
-        kube::Error::Api(
-            kube::core::Status::failure("answer", "Reason")
-                .with_code(code)
-                .boxed(),
-        )
-    }
-
-    /// Only a definite answer decides; no answer is asked again.
-    #[test]
-    fn only_a_definite_answer_turns_the_sip_controller_off() {
-        let (fresh, later) = (Duration::ZERO, Duration::from_secs(31));
-        // (what, the list's result, how long it has been asked, verdict)
-        type Case = (&'static str, Result<(), kube::Error>, Duration, Option<bool>);
-        let cases: [Case; 7] = [
-            ("listed", Ok(()), fresh, Some(true)),
-            ("no such resource", Err(api_error(404)), fresh, Some(false)),
-            // A restarted API server refuses until its RBAC is loaded.
-            ("forbidden at first", Err(api_error(403)), fresh, None),
-            ("forbidden for 31 s", Err(api_error(403)), later, Some(false)),
-            ("API server failing", Err(api_error(503)), later, None),
-            ("throttled", Err(api_error(429)), later, None),
-            (
-                "no connection",
-                Err(kube::Error::Service("connection refused".into())),
-                later,
-                None,
-            ),
-        ];
-        for (what, result, asked_for, want) in cases {
-            assert_eq!(bare_metal_verdict(&result, asked_for), want, "{what}");
-        }
-    }
 }

@@ -9,32 +9,25 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
-key=$(cat go.mod go.sum build.sh | sha256sum | cut -c1-16)
+log_tag=helm
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
+source "$here/../lib.sh"
+
 module=helm.sh/helm/v3
 pkg=$module/cmd/helm
 version=$(awk -v m="$module" '$1==m {print $2}' go.mod)
-[ -n "$version" ] || { echo "helm: $module not found in go.mod" >&2; exit 1; }
-cache_root=${NODEWARDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodewarden}
-bin_dir="$cache_root/helm/${version}-${key}"
+[ -n "$version" ] || die "$module not found in go.mod"
+bin_dir=$(go_tool_dir helm "$version" "$here/build.sh")
 name=helm
-mkdir -p "$bin_dir"
 
 if [ -x "$bin_dir/$name" ]; then
-  echo "helm: $name $version present in $bin_dir" >&2
+  log "$name $version present in $bin_dir"
   echo "$bin_dir/$name"
   exit 0
 fi
 
-# Never download a Go toolchain; verify every module against go.sum.
-export GOTOOLCHAIN=local
-export GOFLAGS="-mod=readonly -buildvcs=false"
-export CGO_ENABLED=0
-
 go_minor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
-if [ "${go_minor:-0}" -lt 26 ]; then
-  echo "helm: Go >= 1.26 is required (found $(go env GOVERSION))" >&2
-  exit 1
-fi
+[ "${go_minor:-0}" -ge 26 ] || die "Go >= 1.26 is required (found $(go env GOVERSION))"
 
 # As Helm's Makefile sets them: the version `helm version` prints, and the
 # Kubernetes version that `helm template` and `helm lint` assume without a
@@ -46,15 +39,5 @@ for var in pkg/lint/rules pkg/chartutil; do
   ldflags+=" -X $module/$var.k8sVersionMajor=1 -X $module/$var.k8sVersionMinor=$k8s_minor"
 done
 
-echo "helm: building $name from $module@$version ..." >&2
-start=$(date +%s)
-# A temporary name first, so an interrupted build never looks done.
-if ! out=$(go build -trimpath -ldflags "$ldflags" -o "$bin_dir/.$name.tmp" "$pkg" 2>&1); then
-  echo "helm: building $module@$version failed:" >&2
-  echo "$out" >&2
-  rm -f "$bin_dir/.$name.tmp"
-  exit 1
-fi
-mv "$bin_dir/.$name.tmp" "$bin_dir/$name"
-echo "helm: $name built in $(($(date +%s) - start)) s ($(du -sh "$bin_dir/$name" | cut -f1))" >&2
+go_build_tool "$bin_dir" "$name" "$pkg" "$ldflags" >&2
 echo "$bin_dir/$name"

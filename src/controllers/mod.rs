@@ -35,6 +35,20 @@ use crate::runtime::manager::{Manager, Source};
 use crate::runtime::reflector::Event as StoreEvent;
 use crate::telemetry::Metrics;
 
+/// Whether the SIPCluster controller runs (`--sip`): it needs metal3's
+/// BareMetalHost API.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BareMetal {
+    /// Not served.
+    #[default]
+    Off,
+    /// Served; metal3's API must be installed (/readyz waits for it).
+    On,
+    /// Served once metal3's API is installed, also when that happens after
+    /// the start: until then SIPClusters wait and /readyz does not.
+    WhenInstalled,
+}
+
 /// What every controller may need besides its stores.
 #[derive(Clone)]
 pub struct App {
@@ -60,8 +74,8 @@ pub struct App {
     pub plans: plan::PlanConfig,
     /// The rollout settings a NodeVersion that leaves a field out gets.
     pub rollout: crate::api::update::Rollout,
-    /// metal3's BareMetalHost API is there: SIPClusters are served.
-    pub bare_metal: bool,
+    /// Whether SIPClusters are served (over metal3's BareMetalHosts).
+    pub bare_metal: BareMetal,
     /// The drains this replica runs (NodeMaintenances' and so rollouts').
     pub drains: DrainEngine,
 }
@@ -86,7 +100,7 @@ impl App {
             maintenance: Default::default(),
             plans: Default::default(),
             rollout: Default::default(),
-            bare_metal: false,
+            bare_metal: BareMetal::Off,
             drains: DrainEngine::new(manager.client().clone(), manager.leader()),
         }
     }
@@ -136,7 +150,7 @@ pub fn register_all(manager: &mut Manager, app: &App) {
     manager.transform::<Node>(crate::node::strip_node);
     node_maintenance::register(manager, app);
     plan::register(manager, app);
-    if app.bare_metal {
+    if app.bare_metal != BareMetal::Off {
         sip_cluster::register(manager, app);
     }
     if app.cloud.is_some() {

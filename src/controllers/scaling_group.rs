@@ -17,7 +17,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::runtime::events::EventType;
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -511,57 +512,164 @@ impl Reconciler for ScalingGroupReconciler {
     }
 }
 
-/// While leading: create ScalingGroups for cloud groups that have none, at
-/// once and then every 10 minutes (Constellation runs this outside leader
-/// election; here only the leader writes).
+/// Event reason: discovery waits for the NodeVersion its groups would follow.
+pub const REASON_NODE_VERSION_MISSING: &str = "NodeVersionMissing";
+/// Event reason: discovery created ScalingGroups.
+pub const REASON_SCALING_GROUPS_DISCOVERED: &str = "ScalingGroupsDiscovered";
+
+/// How a discovery round ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscoveryOutcome {
+    /// The NodeVersion to follow does not exist (or is not selected): the
+    /// webhook would refuse every ScalingGroup naming it, so none is created.
+    NodeVersionMissing,
+    /// Listing the cloud or creating an object failed.
+    Failed,
+    /// Every cloud group has its ScalingGroup.
+    Done,
+}
+
+/// When discovery runs again after `outcome`. A missing NodeVersion is
+/// looked for in the cache, so often: its groups follow within seconds of
+/// its creation. New cloud groups are rare, so a done round waits long.
+pub fn discovery_pause(outcome: DiscoveryOutcome) -> Duration {
+    match outcome {
+        DiscoveryOutcome::NodeVersionMissing => Duration::from_secs(2),
+        DiscoveryOutcome::Failed => Duration::from_secs(30),
+        DiscoveryOutcome::Done => Duration::from_secs(600),
+    }
+}
+
+/// How often the wait for a missing NodeVersion is reported again (an Event
+/// and a log line), so a long wait stays visible without flooding.
+const MISSING_REPORT_EVERY: Duration = Duration::from_secs(600);
+
+/// While leading: create ScalingGroups for cloud groups that have none, once
+/// the NodeVersion they follow exists, then every 10 minutes (Constellation
+/// runs this outside leader election; here only the leader writes).
 pub fn register_discovery(manager: &mut Manager, app: &App, node_version: String) {
     let Some(cloud) = app.cloud.clone() else {
         return;
     };
-    let groups = manager.store::<ScalingGroup>(&app.objects);
-    let client = app.client.clone();
-    // A discovered group must match --object-selector, or no controller
-    // (and not the next discovery) would ever see it.
-    let labels = app.objects.required_labels();
+    let discovery = Discovery {
+        client: app.client.clone(),
+        cloud,
+        groups: manager.store::<ScalingGroup>(&app.objects),
+        versions: manager.store::<NodeVersion>(&app.objects),
+        // A discovered group must match --object-selector, or no controller
+        // (and not the next discovery) would ever see it.
+        labels: app.objects.required_labels(),
+        selector: app.objects.label_selector.clone(),
+        recorder: app.recorder.clone(),
+        node_version,
+    };
     manager.add_task(Box::new(move |leader, stop| {
-        Box::pin(discover_while_leading(
-            client,
-            cloud,
-            groups,
-            node_version,
-            labels,
-            leader,
-            stop,
-        ))
+        Box::pin(discovery.run(leader, stop))
     }));
 }
 
-async fn discover_while_leading(
+/// Scaling-group discovery's task: what it reads, writes and reports to.
+struct Discovery {
     client: Client,
     cloud: Arc<dyn CloudProvider>,
     groups: Store<ScalingGroup>,
-    node_version: String,
+    versions: Store<NodeVersion>,
     labels: BTreeMap<String, String>,
-    leader: LeaderHandle,
-    stop: CancellationToken,
-) {
-    let mut leading = leader.subscribe();
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            changed = leading.wait_for(|l| *l) => if changed.is_err() { return },
-        }
-        if leader.is_leader() {
-            match discover_and_create(&client, cloud.as_ref(), &groups, &node_version, &labels).await {
-                Ok(created) if !created.is_empty() => tracing::info!(?created, "discovered scaling groups"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "scaling group discovery failed"),
+    selector: Option<String>,
+    recorder: kube::runtime::events::Recorder,
+    node_version: String,
+}
+
+impl Discovery {
+    async fn run(self, leader: LeaderHandle, stop: CancellationToken) {
+        let mut leading = leader.subscribe();
+        let mut last_missing_report: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = leading.wait_for(|l| *l) => if changed.is_err() { return },
+            }
+            let outcome = self.round(&mut last_missing_report).await;
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(discovery_pause(outcome)) => {}
             }
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(600)) => {}
+    }
+
+    async fn round(&self, last_missing_report: &mut Option<tokio::time::Instant>) -> DiscoveryOutcome {
+        let wait = Duration::from_secs(30);
+        if tokio::time::timeout(wait, self.versions.wait_synced())
+            .await
+            .is_err()
+        {
+            tracing::warn!(after = ?wait, "scaling group discovery: the NodeVersion cache has no first list yet");
+            return DiscoveryOutcome::Failed;
         }
+        let Some(version) = self.versions.get(&ObjectKey::cluster(&self.node_version)) else {
+            if last_missing_report.is_none_or(|at| at.elapsed() >= MISSING_REPORT_EVERY) {
+                *last_missing_report = Some(tokio::time::Instant::now());
+                self.report_missing();
+            }
+            return DiscoveryOutcome::NodeVersionMissing;
+        };
+        *last_missing_report = None;
+        match discover_and_create(
+            &self.client,
+            self.cloud.as_ref(),
+            &self.groups,
+            &self.node_version,
+            &self.labels,
+        )
+        .await
+        {
+            Ok(created) => {
+                if !created.is_empty() {
+                    tracing::info!(?created, node_version = %self.node_version, "discovered scaling groups");
+                    let note = format!(
+                        "created ScalingGroups following this NodeVersion: {}",
+                        created.join(", ")
+                    );
+                    let event = super::event(
+                        EventType::Normal,
+                        REASON_SCALING_GROUPS_DISCOVERED,
+                        "Discover",
+                        &note,
+                    );
+                    super::spawn_event(&self.recorder, event, version.object_ref(&()));
+                }
+                DiscoveryOutcome::Done
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "scaling group discovery failed; trying again in 30 s");
+                DiscoveryOutcome::Failed
+            }
+        }
+    }
+
+    /// A Warning Event on the missing NodeVersion (found by
+    /// `kubectl get events --field-selector involvedObject.name=<name>`) and
+    /// a log line, both naming what to do.
+    fn report_missing(&self) {
+        let selected = match &self.selector {
+            Some(selector) => format!(" matching --object-selector {selector}"),
+            None => String::new(),
+        };
+        let note = format!(
+            "scaling-group discovery waits for NodeVersion {name}{selected}: the cloud's groups get \
+             ScalingGroups following it once it exists (create it, or point \
+             --discover-scaling-groups at the NodeVersion to follow)",
+            name = self.node_version
+        );
+        tracing::warn!(node_version = %self.node_version, "{note}");
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(NodeVersion::api_version(&()).into_owned()),
+            kind: Some(NodeVersion::kind(&()).into_owned()),
+            name: Some(self.node_version.clone()),
+            ..Default::default()
+        };
+        let event = super::event(EventType::Warning, REASON_NODE_VERSION_MISSING, "Discover", &note);
+        super::spawn_event(&self.recorder, event, reference);
     }
 }
 
@@ -749,6 +857,21 @@ mod tests {
                 ..Default::default()
             },
         )
+    }
+
+    #[test]
+    fn discovery_pauses() {
+        for (outcome, pause) in [
+            (DiscoveryOutcome::NodeVersionMissing, 2),
+            (DiscoveryOutcome::Failed, 30),
+            (DiscoveryOutcome::Done, 600),
+        ] {
+            assert_eq!(
+                discovery_pause(outcome),
+                Duration::from_secs(pause),
+                "{outcome:?}"
+            );
+        }
     }
 
     #[test]

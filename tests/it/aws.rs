@@ -224,3 +224,57 @@ async fn desired_capacity(sdk: &aws_config::SdkConfig, group: &str) -> Option<i3
         .first()
         .and_then(|g| g.desired_capacity)
 }
+
+/// `--cloud aws` without the cluster's tag value or its region (unset, or
+/// empty as the shipped overlay leaves them) stops at start with one line
+/// naming where to set it: no guessed region, no process that runs on
+/// without a cloud.
+#[test]
+fn a_missing_aws_setting_is_refused_at_start_in_one_line_naming_it() {
+    let cases: [(&str, &[(&str, &str)], &str); 4] = [
+        (
+            "no cluster tag",
+            &[("AWS_REGION", "eu-west-1")],
+            "NODEWARDEN_AWS_CLUSTER_UID",
+        ),
+        (
+            "an empty cluster tag",
+            &[("AWS_REGION", "eu-west-1"), ("NODEWARDEN_AWS_CLUSTER_UID", "")],
+            "NODEWARDEN_AWS_CLUSTER_UID",
+        ),
+        (
+            "no region",
+            &[("NODEWARDEN_AWS_CLUSTER_UID", "uid-1")],
+            "AWS_REGION",
+        ),
+        (
+            "an empty region",
+            &[("NODEWARDEN_AWS_CLUSTER_UID", "uid-1"), ("AWS_REGION", "")],
+            "AWS_REGION",
+        ),
+    ];
+    for (what, vars, named) in cases {
+        let mut command = std::process::Command::new(support::nodewarden_binary());
+        command.args(["run", "--cloud", "aws", "--kubeconfig", "/nonexistent"]);
+        for var in [
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+            "NODEWARDEN_AWS_REGION",
+            "NODEWARDEN_AWS_CLUSTER_UID",
+            "NODEWARDEN_CLOUD",
+        ] {
+            command.env_remove(var);
+        }
+        command.envs(vars.iter().copied());
+        let out = command.output().expect("running nodewarden");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("nodewarden: ")).collect();
+        assert_eq!(out.status.code(), Some(1), "{what}: exits 1\n{stderr}");
+        assert_eq!(lines.len(), 1, "{what}: one line\n{stderr}");
+        assert!(lines[0].contains(named), "{what}: names {named}: {}", lines[0]);
+        assert!(
+            !stderr.contains("kubeconfig"),
+            "{what}: refused before any connection: {stderr}"
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! The shipped Deployment on AWS: three `nodewarden run` processes started
 //! with exactly the container arguments and environment the
-//! `manifests/aws` overlay renders (its ConfigMap; the cluster tag, the
+//! `manifests/aws` overlay renders (its ConfigMap; the cluster tag, the region, the
 //! NodeVersion to discover for and the endpoint set as a user's overlay
 //! would), authenticated to Kubernetes as the ServiceAccount and to AWS by
 //! web identity from the role the overlay annotates (moto's STS plays IRSA).
@@ -79,7 +79,10 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
         shipped_env.get("NODEWARDEN_CLOUD").map(String::as_str),
         Some("aws")
     );
-    assert_eq!(shipped_env.get("AWS_REGION").map(String::as_str), Some(REGION));
+    // Placeholders the user's overlay fills: nodewarden refuses to start without them.
+    for key in ["AWS_REGION", "NODEWARDEN_AWS_CLUSTER_UID"] {
+        assert_eq!(shipped_env.get(key).map(String::as_str), Some(""), "{key}");
+    }
 
     let dir = replica_log_dir(&env.id);
     let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
@@ -96,6 +99,7 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
     .expect("writing the token");
     for (k, v) in [
         ("NODEWARDEN_AWS_CLUSTER_UID", cluster.uid.clone()),
+        ("AWS_REGION", REGION.to_string()),
         ("NODEWARDEN_DISCOVER_SCALING_GROUPS", env.name("version")),
         ("AWS_ENDPOINT_URL", moto.endpoint.clone()),
         // The user's overlay names a role of their account: moto keeps

@@ -517,8 +517,9 @@ fn base_with(component: &str) -> PathBuf {
 /// kustomize's rendering, with what only the overlay does taken out: the
 /// generated ConfigMap's hash suffix (the chart names it plainly and rolls
 /// the pods by an annotation instead) and its missing labels (the chart
-/// labels it as every object), and the aws overlay's empty cluster tag
-/// placeholder (the chart requires it: the chart's value is put in).
+/// labels it as every object), and the aws overlay's empty placeholders for
+/// the cluster tag and the region (the chart requires both: the chart's
+/// values are put in).
 fn kustomized(dir: &Path, chart: &[Value]) -> Vec<Value> {
     let mut docs = kustomize(dir);
     for doc in &mut docs {
@@ -526,9 +527,12 @@ fn kustomized(dir: &Path, chart: &[Value]) -> Vec<Value> {
         if doc["kind"] == "ConfigMap" && name.starts_with("nodewarden-aws-") {
             doc["metadata"]["name"] = json!("nodewarden-aws");
             doc["metadata"]["labels"] = json!({"app.kubernetes.io/name": "nodewarden"});
-            let uid = &mut doc["data"]["NODEWARDEN_AWS_CLUSTER_UID"];
-            assert_eq!(*uid, "", "the aws overlay's cluster tag is a placeholder");
-            *uid = find(chart, "ConfigMap", "nodewarden-aws")["data"]["NODEWARDEN_AWS_CLUSTER_UID"].clone();
+            let rendered = &find(chart, "ConfigMap", "nodewarden-aws")["data"];
+            for key in ["NODEWARDEN_AWS_CLUSTER_UID", "AWS_REGION"] {
+                let placeholder = &mut doc["data"][key];
+                assert_eq!(*placeholder, "", "the aws overlay's {key} is a placeholder");
+                *placeholder = rendered[key].clone();
+            }
         }
         if let Some(Value::Array(from)) = doc.pointer_mut("/spec/template/spec/containers/0/envFrom") {
             for f in from {
@@ -719,7 +723,7 @@ async fn delete_cluster_objects(client: &kube::Client, name: &str) {
 
 /// The cluster-wide objects of a release, deleted when dropped: also when
 /// the test panics, as `TestEnv` cleans up after itself.
-struct ReleaseObjects(String);
+pub(crate) struct ReleaseObjects(pub(crate) String);
 
 impl Drop for ReleaseObjects {
     fn drop(&mut self) {
@@ -767,7 +771,17 @@ async fn a_replica_started_as_the_rendered_deployment_takes_the_lease_and_serves
     let docs = release
         .template()
         .unwrap_or_else(|e| panic!("helm template failed:\n{e}"));
+    run_as_rendered(&env, &name, &docs).await;
+    env.cleanup().await;
+}
 
+/// Applies a release rendered into the test's namespace and runs its
+/// Deployment's container as the kubelet would (one replica, the rendered
+/// args and environment, a token of the rendered ServiceAccount): it takes
+/// the Lease, answers /readyz, sets the webhook's caBundle, refuses a bad
+/// NodeMaintenance, and is refused nothing by the rendered RBAC. The
+/// release `name` must manage only the test's Nodes and objects.
+pub(crate) async fn run_as_rendered(env: &TestEnv, name: &str, docs: &[Value]) {
     // The release as Helm would apply it, but for the CRDs (installed
     // above), the Deployment (the test runs its container itself: pods
     // would land on kwok nodes) and the webhook configuration (below).
@@ -798,8 +812,8 @@ async fn a_replica_started_as_the_rendered_deployment_takes_the_lease_and_serves
     // environment, a token of the rendered ServiceAccount. Its addresses
     // are the harness's loopback ports (0.0.0.0:8080 and :9443 are the pod's).
     let dir = replica_log_dir(&env.id);
-    let kubeconfig = service_account_kubeconfig(&env.client, &env.namespace, &name, &dir).await;
-    let c = container(&docs, &name);
+    let kubeconfig = service_account_kubeconfig(&env.client, &env.namespace, name, &dir).await;
+    let c = container(docs, name);
     let identity = format!("{name}-0");
     let args: Vec<String> = c["args"]
         .as_array()
@@ -809,11 +823,11 @@ async fn a_replica_started_as_the_rendered_deployment_takes_the_lease_and_serves
         .filter(|a| *a != "run" && !a.starts_with("--http-addr=") && !a.starts_with("--webhook-addr="))
         .map(String::from)
         .collect();
-    let mut envs = pod_environment(&docs, c, &env.namespace, &identity);
+    let mut envs = pod_environment(docs, c, &env.namespace, &identity);
     envs.push(("RUST_LOG".into(), "info".into()));
     let mut replicas = Replicas::start_with_env(
         0,
-        &env,
+        env,
         Shared {
             kubeconfig: &kubeconfig,
             lease_name: "nodewarden",
@@ -855,8 +869,8 @@ async fn a_replica_started_as_the_rendered_deployment_takes_the_lease_and_serves
     // The webhook: its own certificate in the release's Secret, the
     // caBundle set in the release's configuration (the ClusterRole names
     // it), and a review of a NodeMaintenance answered by the replica.
-    support::admission::wait_ca_bundle(&env, &name).await;
-    let nm = support::admission::maintenance(&env, "missing-node", "no-such-node");
+    support::admission::wait_ca_bundle(env, name).await;
+    let nm = support::admission::maintenance(env, "missing-node", "no-such-node");
     let refused = support::admission::create(&Api::all(env.client.clone()), &nm).await;
     assert!(
         refused
@@ -875,5 +889,4 @@ async fn a_replica_started_as_the_rendered_deployment_takes_the_lease_and_serves
     );
 
     drop(replicas);
-    env.cleanup().await;
 }

@@ -19,6 +19,7 @@ mod controller;
 mod controlplane;
 mod etcd_members;
 mod event_filtering;
+mod install;
 mod late_writes;
 mod leader_election;
 mod maintenance_props;

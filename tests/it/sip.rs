@@ -1052,3 +1052,115 @@ async fn services_an_earlier_nodewarden_made_keep_their_selector() {
     operator.stop().await;
     env.cleanup().await;
 }
+
+/// `--sip auto` on a cluster where metal3 comes later: the replica is ready
+/// without metal3's API, a SIPCluster waits untouched, and once the
+/// BareMetalHost CRD is installed the controller serves it, with no
+/// restart. A control plane of its own: the shared one has metal3 installed.
+#[tokio::test]
+async fn with_sip_auto_metal3_installed_after_the_start_is_noticed_without_a_restart() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::PostParams;
+    use nodewarden::controllers::{App, BareMetal, sip_cluster};
+    use nodewarden::runtime::controller::ControllerConfig;
+    use nodewarden::runtime::leader::{LeaderElectionConfig, LeaderElector};
+    use nodewarden::runtime::manager::Manager;
+    use nodewarden::telemetry::Metrics;
+    use tokio_util::sync::CancellationToken;
+
+    let private = tokio::task::spawn_blocking(|| support::PrivateControlPlane::start("sip-late-metal3"))
+        .await
+        .expect("starting a private control plane");
+    let client = private.0.client().await;
+    support::install_own_crds(&client).await;
+    let ns = "tenants";
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": ns}})).expect("a namespace");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("creating the namespace");
+
+    let mut election = LeaderElectionConfig::new(ns.to_string(), "nodewarden", "replica-0".to_string());
+    election.lease_duration = Duration::from_secs(3);
+    election.renew_deadline = Duration::from_secs(2);
+    election.retry_period = Duration::from_millis(500);
+    let elector = LeaderElector::new(client.clone(), election).expect("a valid election config");
+    let metrics = Metrics::new();
+    let mut manager = Manager::new(
+        client.clone(),
+        elector,
+        ControllerConfig::default(),
+        std::sync::Arc::new(metrics.clone()),
+    );
+    let mut app = App::new(&manager, metrics);
+    app.bare_metal = BareMetal::WhenInstalled;
+    sip_cluster::register(&mut manager, &app);
+    let ready = manager.readiness();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(manager.run(shutdown.clone()));
+
+    wait_for(
+        "/readyz without metal3's API",
+        Duration::from_secs(20),
+        || async {
+            if ready() {
+                Probe::Done(())
+            } else {
+                Probe::NotYet("not ready".into())
+            }
+        },
+    )
+    .await;
+    let pin = json!({"test.nodewarden.dev/pin": "late"});
+    let sip: SIPCluster = serde_json::from_value(json!({
+        "apiVersion": "airship.airshipit.org/v1",
+        "kind": "SIPCluster",
+        "metadata": {"name": "late", "namespace": ns},
+        "spec": {
+            "nodes": {
+                "ControlPlane": {
+                    "labelSelector": {"matchLabels": {"test.nodewarden.dev/flavor": "control-plane"}},
+                    "topologyKey": "test.nodewarden.dev/rack",
+                    "count": {"active": 1, "standby": 0},
+                },
+            },
+            "services": {
+                "jumpHost": [{"image": "quay.io/airshipit/jump-host", "nodePort": 30100, "nodeInterfaceId": "oam-ipv4",
+                              "sshAuthorizedKeys": ["ssh-rsa AAAAB3Nza test"], "nodeSSHPrivateKeys": "ssh-keys", "nodeLabels": pin}],
+            },
+        },
+    }))
+    .expect("a SIPCluster");
+    let sips: Api<SIPCluster> = Api::namespaced(client.clone(), ns);
+    sips.create(&PostParams::default(), &sip)
+        .await
+        .expect("creating the SIPCluster");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = sips.get("late").await.expect("the SIPCluster");
+    assert!(
+        waiting.status.is_none(),
+        "untouched while metal3 is missing: {:?}",
+        waiting.status
+    );
+
+    support::metal3::install_metal3_crd(&client).await;
+    let installed = std::time::Instant::now();
+    // The next look for the API comes within METAL3_RETRY.
+    let limit = sip_cluster::METAL3_RETRY + Duration::from_secs(15);
+    wait_for("the SIPCluster served", limit, || async {
+        match sips.get("late").await {
+            Ok(s) if s.status.as_ref().is_some_and(|st| !st.conditions.is_empty()) => Probe::Done(()),
+            Ok(s) => Probe::NotYet(format!("{:?}", s.status)),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    println!(
+        "SIPCluster served {:?} after metal3's CRD was installed",
+        installed.elapsed()
+    );
+    assert!(ready(), "still ready");
+    shutdown.cancel();
+    let _ = task.await;
+}

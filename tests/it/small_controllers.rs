@@ -390,6 +390,85 @@ async fn autoscaling_strategy_writes_the_autoscaler_command_from_its_args_and_gr
     env.cleanup().await;
 }
 
+/// Discovery never creates a ScalingGroup the webhook would refuse: while
+/// the NodeVersion its groups follow is missing it waits, says so in a
+/// Warning Event on that NodeVersion, and creates the groups within seconds
+/// of the NodeVersion appearing (not at the next 10-minute round).
+#[tokio::test]
+async fn discovery_waits_for_its_node_version_and_says_so() {
+    let env = TestEnv::new("small-discovery").await;
+    support::install_crds(&env.client).await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let group = env.name("workers");
+    let config = dir.path().join("sim-cloud.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "groups:\n  - id: {group}\n    role: Worker\n    initialSize: 0\n    image: img-1\n    labels:\n      {RUN_LABEL}: {id}\n",
+            id = env.id
+        ),
+    )
+    .expect("writing the config");
+    let sim = SimCloud::start(&config, &dir.path().join("state.json")).await;
+    let cloud: Arc<dyn CloudProvider> = Arc::new(sim.provider.clone());
+    let nv_name = env.name("version");
+    let run = Running::start(&env, "discovery", Some(cloud), |m, app| {
+        scaling_group::register_discovery(m, app, nv_name.clone());
+    });
+
+    env.wait_events(
+        "NodeVersion",
+        &nv_name,
+        &[scaling_group::REASON_NODE_VERSION_MISSING],
+    )
+    .await;
+    let sgs: Api<ScalingGroup> = Api::all(env.client.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        sgs.get_opt(&group)
+            .await
+            .expect("reading ScalingGroups")
+            .is_none(),
+        "no ScalingGroup before its NodeVersion exists"
+    );
+
+    let nv: NodeVersion = serde_json::from_value(json!({
+        "apiVersion": "update.edgeless.systems/v1alpha1",
+        "kind": "NodeVersion",
+        "metadata": {"name": nv_name, "labels": {RUN_LABEL: env.id}},
+        "spec": {"image": "img-2"},
+    }))
+    .expect("a node version");
+    Api::<NodeVersion>::all(env.client.clone())
+        .create(&PostParams::default(), &nv)
+        .await
+        .expect("creating the node version");
+    let created = std::time::Instant::now();
+    wait_for("the discovered ScalingGroup", Duration::from_secs(10), || async {
+        match sgs.get_opt(&group).await {
+            Ok(Some(sg)) => Probe::Done(sg),
+            Ok(None) => Probe::NotYet("not yet".into()),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    println!(
+        "ScalingGroup created {:?} after its NodeVersion",
+        created.elapsed()
+    );
+    env.wait_events(
+        "NodeVersion",
+        &nv_name,
+        &[scaling_group::REASON_SCALING_GROUPS_DISCOVERED],
+    )
+    .await;
+
+    run.stop().await;
+    remove_labelled::<ScalingGroup>(&env).await;
+    remove_labelled::<NodeVersion>(&env).await;
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn scaling_group_follows_its_node_version_image() {
     let env = TestEnv::new("small-scalinggroup").await;

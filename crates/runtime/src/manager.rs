@@ -138,6 +138,7 @@ pub struct Manager {
     reflectors: HashMap<(TypeId, Source), Box<dyn AnyReflector>>,
     transforms: HashMap<TypeId, Transform>,
     synced: Vec<Box<dyn Fn() -> bool + Send + Sync>>,
+    optional: HashMap<(TypeId, Source), Duration>,
     tasks: Vec<Task>,
 }
 
@@ -163,6 +164,7 @@ impl Manager {
             reflectors: HashMap::new(),
             transforms: HashMap::new(),
             synced: Vec::new(),
+            optional: HashMap::new(),
             tasks: Vec::new(),
         }
     }
@@ -201,6 +203,15 @@ impl Manager {
         self.transforms.insert(TypeId::of::<K>(), Box::new(transform));
     }
 
+    /// Marks the `K`s of `source` as an API that may be installed after
+    /// the start (a CRD of another project): until it is, their reflector
+    /// asks again every `retry` instead of failing, /readyz does not wait for
+    /// it, and the controllers that watch them start once it is served.
+    /// Call before the first store of them.
+    pub fn optional<K: Object>(&mut self, source: &Source, retry: Duration) {
+        self.optional.insert((TypeId::of::<K>(), source.clone()), retry);
+    }
+
     /// The shared cache of the `K`s `source` selects, fed by the one
     /// reflector the Manager keeps for them.
     pub fn store<K: Object>(&mut self, source: &Source) -> Store<K> {
@@ -233,6 +244,7 @@ impl Manager {
         let config = ReflectorConfig {
             label_selector: source.label_selector.clone(),
             field_selector,
+            absent_api: self.optional.get(&(TypeId::of::<K>(), source.clone())).copied(),
             ..self.reflector_config.clone()
         };
         let name = K::plural(&()).into_owned();
@@ -277,9 +289,15 @@ impl Manager {
         self.tasks.push(task);
     }
 
-    /// "Has every store its first full list?", for /readyz.
+    /// "Has every store its first full list?", for /readyz; the stores of
+    /// an [`optional`](Self::optional) API that is not installed are not waited for.
     pub fn readiness(&self) -> impl Fn() -> bool + Send + Sync + 'static {
-        let checks: Vec<_> = self.reflectors.values().map(|r| r.synced()).collect();
+        let checks: Vec<_> = self
+            .reflectors
+            .iter()
+            .filter(|(id, _)| !self.optional.contains_key(*id))
+            .map(|(_, r)| r.synced())
+            .collect();
         move || checks.iter().all(|synced| synced())
     }
 

@@ -89,6 +89,10 @@ pub struct ReflectorConfig {
     pub idle_timeout: Duration,
     /// Pauses after failed lists and watches.
     pub backoff: BackoffConfig,
+    /// The resource may not be served yet (an API installed later, such as
+    /// metal3's): a list answered 404 is no failure but a wait, logged once,
+    /// and the list is asked again after this long. None: a 404 is a failure.
+    pub absent_api: Option<Duration>,
 }
 
 impl Default for ReflectorConfig {
@@ -101,6 +105,7 @@ impl Default for ReflectorConfig {
             watch_timeout: (Duration::from_secs(300), Duration::from_secs(600)),
             idle_timeout: Duration::from_secs(70),
             backoff: BackoffConfig::default(),
+            absent_api: None,
         }
     }
 }
@@ -146,6 +151,9 @@ enum Stop {
     Gone,
     /// Any other failure: back off and try again.
     Failed,
+    /// 404 on a list of an API that may be installed later: ask again after
+    /// `absent_api`.
+    Absent,
     Shutdown,
 }
 
@@ -248,13 +256,31 @@ where
     pub async fn run(self, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(self.config.backoff);
         let mut list_from = ListFrom::First;
+        let mut absent = false;
         loop {
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 listed = self.list(&list_from) => listed,
             };
             let mut last_rv = match listed {
-                Ok(rv) => rv,
+                Ok(rv) => {
+                    if absent {
+                        absent = false;
+                        tracing::info!(reflector = %self.name, "the API is served now");
+                    }
+                    rv
+                }
+                Err(Stop::Absent) => {
+                    if !absent {
+                        absent = true;
+                        tracing::info!(reflector = %self.name, retry_every = ?self.config.absent_api, "the API is not installed; asking again until it is");
+                    }
+                    let pause = self.config.absent_api.unwrap_or(self.config.backoff.max);
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(pause) => continue,
+                    }
+                }
                 Err(Stop::Gone) => {
                     self.writer.mark_connected(false);
                     // What we asked for is compacted away: read the newest state.
@@ -271,7 +297,7 @@ where
                 }
             };
             match self.watch(&mut last_rv, &mut backoff, &shutdown).await {
-                Stop::Shutdown | Stop::Failed => return,
+                Stop::Shutdown | Stop::Failed | Stop::Absent => return,
                 Stop::Gone => {
                     self.writer.mark_connected(false);
                     tracing::info!(reflector = %self.name, resource_version = %last_rv, "watch expired (410); relisting");
@@ -353,6 +379,9 @@ where
             Ok(Err(e)) if is_gone(&e) => {
                 self.stats.expired.fetch_add(1, Ordering::Relaxed);
                 Err(Stop::Gone)
+            }
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 && self.config.absent_api.is_some() => {
+                Err(Stop::Absent)
             }
             Ok(Err(e)) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);

@@ -181,8 +181,16 @@ async fn etcd_post(endpoint: &str, path: &str, body: &serde_json::Value) -> serd
 }
 
 /// Installs (server-side apply, idempotent) every CRD nodewarden defines and
-/// waits until the API server serves them.
+/// waits until the API server serves them; also metal3's BareMetalHost CRD,
+/// since every test operator serves SIPClusters.
 pub async fn install_crds(client: &Client) {
+    install_own_crds(client).await;
+    super::metal3::install_metal3_crd(client).await;
+}
+
+/// Installs every CRD nodewarden defines (server-side apply, idempotent) and
+/// waits until the API server serves them; nothing of other projects.
+pub async fn install_own_crds(client: &Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in nodewarden::api::all_crds() {
@@ -216,6 +224,4 @@ pub async fn install_crds(client: &Client) {
         )
         .await;
     }
-    // SIPClusters need metal3's BareMetalHost API; every test operator serves them.
-    super::metal3::install_metal3_crd(client).await;
 }

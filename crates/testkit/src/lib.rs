@@ -42,7 +42,7 @@ mod operator;
 mod proxy;
 mod wait;
 
-pub use cluster::{ControlPlane, PrivateControlPlane, control_plane, install_crds};
+pub use cluster::{ControlPlane, PrivateControlPlane, control_plane, install_crds, install_own_crds};
 pub use env::{RUN_LABEL, TestEnv};
 pub use operator::RunningOperator;
 pub use proxy::TcpProxy;

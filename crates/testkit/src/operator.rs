@@ -80,7 +80,7 @@ impl TestEnv {
             admission: None,
             webhook_limits: Default::default(),
             // Every test's operator serves SIPClusters: install_crds installs metal3's API.
-            bare_metal: Some(true),
+            bare_metal: nodewarden::controllers::BareMetal::On,
             rollout: Default::default(),
             plans: nodewarden::controllers::plan::PlanConfig {
                 channel_poll: Duration::from_secs(2),

@@ -62,11 +62,20 @@ const NOT_READY_RECHECK: Duration = Duration::from_secs(5);
 /// [`services::CLUSTER_LABEL`]).
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by=nodewarden";
 
+/// How often metal3's API is looked for while it is not installed
+/// (`--sip auto`).
+pub const METAL3_RETRY: Duration = Duration::from_secs(30);
+
 /// Registers the SIPCluster controller. BareMetalHosts are watched:
 /// a claimed host's change wakes its cluster, a free host's every cluster.
 /// The service objects wake the SIPCluster that controls them, and a
 /// template ConfigMap the SIPClusters of its namespace that render with it.
+/// With `--sip auto` metal3's API may come later: the controller starts
+/// once it is served.
 pub fn register(manager: &mut Manager, app: &App) {
+    if app.bare_metal == super::BareMetal::WhenInstalled {
+        manager.optional::<BareMetalHost>(&app.objects, METAL3_RETRY);
+    }
     let mut c = manager.controller::<SIPCluster>("sipcluster", &app.objects);
     let clusters = c.store();
     let all = clusters.clone();
