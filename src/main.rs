@@ -253,7 +253,7 @@ struct RunArgs {
 /// One malloc arena in glibc builds. glibc gives threads arenas of their own
 /// and each keeps the pages freed after a list of thousands of Nodes: at
 /// 5,000 Nodes a standby held 73 MB RSS with the default and 62 MB with one
-/// arena (README, Performance). The threads are few, so one arena's lock
+/// arena (docs/performance.md). The threads are few, so one arena's lock
 /// costs little. musl (the image) has no arenas.
 fn one_malloc_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

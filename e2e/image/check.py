@@ -122,6 +122,8 @@ def run_in_root(rootfs, argv, qemu):
         command = ["chroot", "--userspec=" + USER, rootfs] + argv
     else:
         command = [os.path.join(rootfs, argv[0].lstrip("/"))] + argv[1:]
+    # The host's tools by their full path; the image's process sees no PATH of the host.
+    command[0] = shutil.which(command[0]) or command[0]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env={"PATH": "/"})
     how = "qemu-user as 65532" if qemu else ("chroot as 65532" if os.geteuid() == 0 else "as this user")
     return done.returncode, done.stdout, how

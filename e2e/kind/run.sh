@@ -132,8 +132,8 @@ install_base() {
   kubectl wait --for=condition=Established -f "$repo/manifests/base/crds.yaml" --timeout=60s >/dev/null
   kubectl apply -f "$repo/manifests/base/rbac.yaml" >/dev/null
 
-  say "deploying the sim-cloud"
-  kubectl apply -f "$here/sim-cloud.yaml" >/dev/null
+  say "deploying the sim-cloud (manifests/sim-cloud patched by e2e/kind/sim-cloud)"
+  kubectl kustomize --load-restrictor=LoadRestrictionsNone "$here/sim-cloud" | kubectl apply -f - >/dev/null
   # On a reused cluster the image may be new: restart what runs it.
   [ "$reused" = 0 ] || kubectl -n "$E2E_NS" rollout restart deploy/sim-cloud >/dev/null
   kubectl -n "$E2E_NS" rollout status deploy/sim-cloud --timeout=180s

@@ -231,7 +231,13 @@ async fn desired_capacity(sdk: &aws_config::SdkConfig, group: &str) -> Option<i3
 /// without a cloud.
 #[test]
 fn a_missing_aws_setting_is_refused_at_start_in_one_line_naming_it() {
-    let cases: [(&str, &[(&str, &str)], &str); 4] = [
+    // (what, the environment, the setting the refusal names)
+    type Case = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+    );
+    let cases: [Case; 4] = [
         (
             "no cluster tag",
             &[("AWS_REGION", "eu-west-1")],

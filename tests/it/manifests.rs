@@ -14,7 +14,7 @@ use crate::support::manifests::{
 };
 use kube::ResourceExt;
 use kube::api::DynamicObject;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Every `manifests/base/*.yaml` but its kustomization, sorted.
 fn manifest_files() -> Vec<PathBuf> {
@@ -149,8 +149,17 @@ async fn each_cloud_overlay_renders_its_cloud_and_passes_a_server_side_dry_run()
         "the base names no cloud: {args:?} {from:?}"
     );
 
+    // The simulator the sim overlay calls, at the address it calls.
+    let sim_cloud = kustomize(&repo.join("manifests/sim-cloud"));
+    let service = find(&sim_cloud, "Service", "sim-cloud");
+    assert_eq!(service["metadata"]["namespace"], "nodewarden-system");
+    assert_eq!(service["spec"]["ports"][0]["port"], 8090);
+    let sim_cloud_container =
+        &find(&sim_cloud, "Deployment", "sim-cloud")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(sim_cloud_container["command"], json!(["/nodewarden-simcloud"]));
+
     let mut failures = Vec::new();
-    for (overlay, docs) in [("aws", &aws), ("sim", &sim)] {
+    for (overlay, docs) in [("aws", &aws), ("sim", &sim), ("sim-cloud", &sim_cloud)] {
         for (i, doc) in docs.iter().enumerate() {
             let obj = to_object(overlay, i, doc.clone());
             // Namespaces for real (idempotent, left in place), so the
@@ -233,4 +242,41 @@ fn rbac_rules_use_no_wildcards() {
         roles >= 3,
         "expected the ClusterRole and two Roles, found {roles}"
     );
+}
+
+/// `just e2e`'s sim-cloud (e2e/kind/run.sh applies it; kind cannot run
+/// here): manifests/sim-cloud with the locally loaded image, never pulled,
+/// and the two groups the kind suite drives.
+#[test]
+fn the_kind_suites_sim_cloud_is_the_shipped_one_with_its_image_and_groups() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let shipped = kustomize(&repo.join("manifests/sim-cloud"));
+    let kind = kustomize(&repo.join("e2e/kind/sim-cloud"));
+    let container = |docs: &[Value]| {
+        find(docs, "Deployment", "sim-cloud")["spec"]["template"]["spec"]["containers"][0].clone()
+    };
+    let (shipped_c, kind_c) = (container(&shipped), container(&kind));
+    assert_eq!(shipped_c["image"], "ghcr.io/nodewarden/nodewarden:0.1.0");
+    assert_eq!(kind_c["image"], "nodewarden:e2e");
+    assert_eq!(kind_c["imagePullPolicy"], "Never");
+    assert_eq!(kind_c["args"], shipped_c["args"]);
+    let groups = find(&kind, "ConfigMap", "sim-cloud")["data"]["groups.yaml"]
+        .as_str()
+        .expect("groups.yaml")
+        .to_string();
+    for group in ["e2e-control-plane", "e2e-workers"] {
+        assert!(groups.contains(&format!("id: {group}")), "{groups}");
+    }
+    let kinds = |docs: &[Value]| -> Vec<String> {
+        docs.iter()
+            .map(|d| {
+                format!(
+                    "{}/{}",
+                    d["kind"].as_str().unwrap_or_default(),
+                    d["metadata"]["name"].as_str().unwrap_or_default()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(kinds(&kind), kinds(&shipped), "the same objects");
 }

@@ -43,7 +43,7 @@ async fn two_applying(plans: &Api<Plan>, after: usize) {
             let phases: Vec<&str> = s.nodes.iter().map(|n| n.phase.as_str()).collect();
             // Not in the instant a node was finished: a kill between that
             // status write and the flush after it would take the node's root
-            // span along (a known loss, as for replacements; see README).
+            // span along (a known loss, as for replacements; see docs/reference.md, "Traces").
             let settled = s.last_completion_time.as_ref().is_none_or(|t| {
                 jiff::Timestamp::now().duration_since(t.0) > jiff::SignedDuration::from_secs(1)
             });

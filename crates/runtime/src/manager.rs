@@ -180,9 +180,11 @@ impl Manager {
         &self.client
     }
 
-    /// The client without the write fence, for the few writes every replica
-    /// makes by design whether it leads or not (the webhook Secret's first
-    /// create, which all replicas race for); never for a controller's writes.
+    /// The client without the write fence, for the few writes made outside
+    /// a controller: the webhook certificate keeper's (every replica races
+    /// to create the Secret; the leader, checking its leadership itself,
+    /// renews it and sets the caBundle, each conditioned on the object's
+    /// resourceVersion). Never for a controller's writes.
     pub fn unfenced_client(&self) -> &Client {
         &self.unfenced
     }
