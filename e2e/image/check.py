@@ -135,6 +135,8 @@ def main():
     archive, arch, validator, ref = sys.argv[1:]
     version = ref.rpartition(":")[2]
     work = tempfile.mkdtemp(prefix="nodewarden-image-")
+    # User 65532 runs the binaries from here (through qemu-user, by their path).
+    os.chmod(work, 0o755)
     layout, rootfs = os.path.join(work, "layout"), os.path.join(work, "rootfs")
     with tarfile.open(archive) as tar:
         tar.extractall(layout, filter="data")
