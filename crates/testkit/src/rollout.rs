@@ -143,10 +143,22 @@ pub async fn check(
     let node_breaches = breaches.clone();
     nodes.on_event(move |event| match event {
         ReflectorEvent::Deleted(node) => {
+            // The heir the donor names or, when this last view of the donor
+            // predates its pairing, the node naming it as donor. A deletion
+            // seen by a relist (after a watch gap: an API server restart, a
+            // compaction) comes with the last state the watch delivered, not
+            // the final one; the store already holds the relist's fresh view.
             let heir = node
                 .annotations()
                 .get("constellation.edgeless.systems/heir")
-                .cloned();
+                .cloned()
+                .or_else(|| {
+                    heirs.list().iter().find_map(|n| {
+                        (n.annotations().get("constellation.edgeless.systems/donor")
+                            == Some(&node.name_any()))
+                        .then(|| n.name_any())
+                    })
+                });
             let heir_ready = heir
                 .as_ref()
                 .and_then(|h| heirs.get(&nodewarden::runtime::store::ObjectKey::cluster(h)))
