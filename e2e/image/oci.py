@@ -5,7 +5,7 @@ The archive is an OCI image layout in a tar (index.json, oci-layout,
 blobs/sha256/...) that `skopeo copy oci-archive:` and containerd's import
 (`kind load image-archive`, `ctr images import`) read, and it also carries the
 manifest.json of `docker save`, so `docker load` reads it on Docker versions
-before and after 25. The output is byte-for-byte reproducible: every time
+before and after 25. The archive depends on its files alone: every time
 stamp is SOURCE_DATE_EPOCH (default 0) and every owner is root.
 
   oci.py --out X.oci.tar --ref REPO:TAG --arch amd64 --user 65532:65532 \
