@@ -5,7 +5,7 @@
 
 use crate::support;
 
-use crate::support::sim::SimCloud;
+use crate::support::sim::{OwnedSimCloud, SimCloud};
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -390,6 +390,18 @@ async fn autoscaling_strategy_writes_the_autoscaler_command_from_its_args_and_gr
     env.cleanup().await;
 }
 
+/// A sim-cloud with one empty worker group whose instances carry the
+/// test's run label; the group's id. The state file lives as long as the
+/// returned sim-cloud.
+async fn sim_with_one_worker_group(env: &TestEnv) -> (OwnedSimCloud, String) {
+    let group = env.name("workers");
+    let config = format!(
+        "groups:\n  - id: {group}\n    role: Worker\n    initialSize: 0\n    image: img-1\n    labels:\n      {RUN_LABEL}: {id}\n",
+        id = env.id
+    );
+    (SimCloud::start_with_config(&config).await, group)
+}
+
 /// Discovery never creates a ScalingGroup the webhook would refuse: while
 /// the NodeVersion its groups follow is missing it waits, says so in a
 /// Warning Event on that NodeVersion, and creates the groups within seconds
@@ -398,18 +410,8 @@ async fn autoscaling_strategy_writes_the_autoscaler_command_from_its_args_and_gr
 async fn discovery_waits_for_its_node_version_and_says_so() {
     let env = TestEnv::new("small-discovery").await;
     support::install_crds(&env.client).await;
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let group = env.name("workers");
-    let config = dir.path().join("sim-cloud.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "groups:\n  - id: {group}\n    role: Worker\n    initialSize: 0\n    image: img-1\n    labels:\n      {RUN_LABEL}: {id}\n",
-            id = env.id
-        ),
-    )
-    .expect("writing the config");
-    let sim = SimCloud::start(&config, &dir.path().join("state.json")).await;
+    let (owned, group) = sim_with_one_worker_group(&env).await;
+    let sim = owned.sim;
     let cloud: Arc<dyn CloudProvider> = Arc::new(sim.provider.clone());
     let nv_name = env.name("version");
     let run = Running::start(&env, "discovery", Some(cloud), |m, app| {
@@ -473,18 +475,8 @@ async fn discovery_waits_for_its_node_version_and_says_so() {
 async fn scaling_group_follows_its_node_version_image() {
     let env = TestEnv::new("small-scalinggroup").await;
     support::install_crds(&env.client).await;
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let group = env.name("workers");
-    let config = dir.path().join("sim-cloud.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "groups:\n  - id: {group}\n    role: Worker\n    initialSize: 0\n    image: img-1\n    labels:\n      {RUN_LABEL}: {id}\n",
-            id = env.id
-        ),
-    )
-    .expect("writing the config");
-    let sim = SimCloud::start(&config, &dir.path().join("state.json")).await;
+    let (owned, group) = sim_with_one_worker_group(&env).await;
+    let sim = owned.sim;
     let cloud: Arc<dyn CloudProvider> = Arc::new(sim.provider.clone());
 
     let (run, groups) = Running::start_with(&env, "scalinggroup", Some(cloud.clone()), |m, app| {
