@@ -23,13 +23,11 @@ case "$arch" in
   arm64) target=aarch64-unknown-linux-musl ;;
   *) die "usage: $0 [amd64|arm64]" ;;
 esac
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)
-[ -n "$version" ] || die "no version in Cargo.toml"
-repository=ghcr.io/nodewarden/nodewarden
 cache_root=${NODEWARDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodewarden}
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-out_dir="$target_dir/image"
-mkdir -p "$out_dir"
+# shellcheck source-path=SCRIPTDIR source=name.sh
+source "$here/name.sh"
+archive=$(image_archive "$arch")
+mkdir -p "$(dirname "$archive")"
 
 # --- the binaries -----------------------------------------------------------------
 if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
@@ -75,8 +73,7 @@ PY
 fi
 
 # --- the archive ------------------------------------------------------------------
-archive="$out_dir/nodewarden-$version-linux-$arch.oci.tar"
-digest=$(python3 "$here/oci.py" --out "$archive" --ref "$repository:$version" --arch "$arch" \
+digest=$(python3 "$here/oci.py" --out "$archive" --ref "$image_ref" --arch "$arch" \
   --user 65532:65532 --entrypoint /nodewarden --cmd run \
   --file "$bin_dir/nodewarden=/nodewarden:0755" \
   --file "$bin_dir/nodewarden-simcloud=/nodewarden-simcloud:0755" \
@@ -84,5 +81,5 @@ digest=$(python3 "$here/oci.py" --out "$archive" --ref "$repository:$version" --
   --label org.opencontainers.image.title=nodewarden \
   --label "org.opencontainers.image.version=$version" \
   --label org.opencontainers.image.licenses=Apache-2.0)
-log "$repository:$version ($arch) $digest, $(du -h "$archive" | cut -f1)"
+log "$image_ref ($arch) $digest, $(du -h "$archive" | cut -f1)"
 echo "$archive"

@@ -11,10 +11,11 @@ root=$(cd "$here/../.." && pwd)
 log_tag=image
 # shellcheck source-path=SCRIPTDIR source=../lib.sh
 source "$here/../lib.sh"
+# shellcheck source-path=SCRIPTDIR source=name.sh
+source "$here/name.sh"
 
 arch=${1:-amd64}
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)
-archive="${CARGO_TARGET_DIR:-$root/target}/image/nodewarden-$version-linux-$arch.oci.tar"
+archive=$(image_archive "$arch")
 [ -s "$archive" ] || die "no $archive: run \`just image $arch\` first"
 
 cd "$here/validate"
@@ -22,4 +23,4 @@ module=github.com/google/go-containerregistry
 bin_dir=$(go_tool_dir image-validate "$(awk -v m="$module" '$1==m {print $2}' go.mod)" main.go)
 [ -x "$bin_dir/validate" ] || go_build_tool "$bin_dir" validate . >&2
 
-python3 "$here/check.py" "$archive" "$arch" "$bin_dir/validate" "ghcr.io/nodewarden/nodewarden:$version"
+python3 "$here/check.py" "$archive" "$arch" "$bin_dir/validate" "$image_ref"
