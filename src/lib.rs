@@ -24,3 +24,4 @@ pub use nodewarden_runtime as runtime;
 pub mod sip;
 pub mod telemetry;
 pub mod upgrade;
+pub mod upgrade_agent;

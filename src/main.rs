@@ -38,6 +38,28 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinition YAML of every resource nodewarden defines.
     Crds,
+    /// Relay a socket of the pod to Constellation's upgrade-agent socket on
+    /// the node (root's): the chart's sidecar, run as root with no
+    /// capability, so nodewarden runs as 65532.
+    RelayUpgradeAgent {
+        /// The pod's socket (in a volume nodewarden mounts too).
+        #[arg(long)]
+        listen: std::path::PathBuf,
+        /// The node's upgrade-agent socket (a hostPath).
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
+    /// Copy the control plane's etcd certificates (ca.crt, peer.crt,
+    /// peer.key) from a host directory into the pod, readable by its group:
+    /// the chart's init container, run as root, so nodewarden runs as 65532.
+    CopyEtcdPki {
+        /// The host's directory (a hostPath of /etc/kubernetes/pki/etcd).
+        #[arg(long)]
+        from: std::path::PathBuf,
+        /// The pod's directory (an emptyDir).
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -113,21 +135,45 @@ struct RunArgs {
     #[arg(long, env = "NODEWARDEN_DISCOVER_SCALING_GROUPS")]
     discover_scaling_groups: Option<String>,
     /// etcd client URLs (comma-separated, e.g. https://10.0.0.2:2379): before
-    /// a control-plane node is retired its etcd member is removed. Unset: off.
+    /// a control-plane node is retired its etcd member is removed through
+    /// them. Unset: etcd is found as Constellation finds it, on the
+    /// control-plane nodes' InternalIPs at --etcd-client-port with the
+    /// certificates of --etcd-pki-dir (see --etcd-on-control-plane).
     #[arg(long, env = "NODEWARDEN_ETCD_ENDPOINTS", value_delimiter = ',')]
     etcd_endpoints: Vec<String>,
-    /// The CA of etcd's serving certificates (PEM file).
+    /// The control plane's etcd certificates (kubeadm's ca.crt, peer.crt,
+    /// peer.key), used when --etcd-endpoints is unset.
+    #[arg(long, env = "NODEWARDEN_ETCD_PKI_DIR", default_value = nodewarden::etcd::access::DEFAULT_PKI_DIR)]
+    etcd_pki_dir: std::path::PathBuf,
+    /// etcd's client port on the control-plane nodes, used when
+    /// --etcd-endpoints is unset.
+    #[arg(long, env = "NODEWARDEN_ETCD_CLIENT_PORT", default_value_t = nodewarden::etcd::access::DEFAULT_CLIENT_PORT)]
+    etcd_client_port: u16,
+    /// The CA of etcd's serving certificates (PEM file; default: ca.crt of
+    /// --etcd-pki-dir without --etcd-endpoints).
     #[arg(long, env = "NODEWARDEN_ETCD_CA")]
     etcd_ca: Option<std::path::PathBuf>,
-    /// nodewarden's etcd client certificate (PEM file).
+    /// nodewarden's etcd client certificate (PEM file; default: peer.crt of
+    /// --etcd-pki-dir without --etcd-endpoints).
     #[arg(long, env = "NODEWARDEN_ETCD_CERT")]
     etcd_cert: Option<std::path::PathBuf>,
-    /// The key of --etcd-cert (PEM file).
+    /// The key of --etcd-cert (PEM file; default: peer.key of --etcd-pki-dir
+    /// without --etcd-endpoints).
     #[arg(long, env = "NODEWARDEN_ETCD_KEY")]
     etcd_key: Option<std::path::PathBuf>,
     /// How long one etcd call may take (seconds).
     #[arg(long, env = "NODEWARDEN_ETCD_TIMEOUT", default_value_t = 5.0)]
     etcd_timeout: f64,
+    /// Constellation's upgrade-agent socket (mounted from the node's
+    /// /run/constellation-upgrade-agent.sock): a NodeVersion's new
+    /// kubernetesClusterVersion is sent there to upgrade the control plane
+    /// in place before nodes are replaced. Unset: off (Kubernetes versions
+    /// come with new nodes only).
+    #[arg(long, env = "NODEWARDEN_UPGRADE_AGENT_SOCKET")]
+    upgrade_agent_socket: Option<std::path::PathBuf>,
+    /// How long the upgrade-agent's kubeadm upgrade may take (seconds).
+    #[arg(long, env = "NODEWARDEN_UPGRADE_AGENT_TIMEOUT", default_value_t = 1800.0)]
+    upgrade_agent_timeout: f64,
     /// Serve SIPClusters over metal3 BareMetalHosts: auto (once metal3's API
     /// is installed, also when that happens after the start), on (it must
     /// be installed: /readyz waits for it) or off.
@@ -221,11 +267,12 @@ struct RunArgs {
     /// caBundle) or `cert-manager` (it fills the Secret and the caBundle).
     #[arg(long, default_value = "own", value_parser = ["own", "cert-manager"])]
     webhook_certs: String,
-    /// Where etcd's members run, for the webhook's quorum rule on control-plane
-    /// nodes: `auto` (where a static pod `kube-system/etcd-<node>`, label
-    /// `component=etcd`, runs, as kubeadm and RKE2 make them), `true` (on every
-    /// control-plane node: etcd without a pod, such as k3s's) or `false`
-    /// (external etcd: no maintenance is refused for quorum).
+    /// Where etcd's members run, for the webhook's quorum rule and the
+    /// removal of a retired control-plane node's member: `auto` (where a
+    /// static pod `kube-system/etcd-<node>`, label `component=etcd`, runs, as
+    /// kubeadm and RKE2 make them), `true` (on every control-plane node: etcd
+    /// without a pod, such as k3s's) or `false` (external etcd: no maintenance
+    /// is refused for quorum, no member is removed).
     #[arg(long, env = "NODEWARDEN_ETCD_ON_CONTROL_PLANE", default_value = "auto")]
     etcd_on_control_plane: nodewarden::admission::rules::EtcdPlacement,
     /// The ValidatingWebhookConfiguration whose caBundle nodewarden keeps current.
@@ -295,6 +342,14 @@ fn start() -> anyhow::Result<()> {
             result
         }
         Command::Crds => print_crds(),
+        Command::CopyEtcdPki { from, to } => copy_etcd_pki(&from, &to),
+        Command::RelayUpgradeAgent { listen, to } => {
+            nodewarden::telemetry::init_logging(cli.log_json, None);
+            tokio::runtime::Runtime::new()
+                .context("starting the async runtime")?
+                .block_on(nodewarden::upgrade_agent::relay::relay(&listen, to))
+                .with_context(|| format!("relaying {} to the upgrade-agent", listen.display()))
+        }
     }
 }
 
@@ -399,17 +454,33 @@ fn admission(args: &RunArgs) -> Option<nodewarden::admission::AdmissionConfig> {
     })
 }
 
-/// The etcd client `--etcd-endpoints` asks for, if it does.
-fn etcd(args: &RunArgs) -> anyhow::Result<Option<nodewarden::etcd::EtcdConfig>> {
-    if args.etcd_endpoints.is_empty() {
-        return Ok(None);
+/// How etcd is reached: the endpoints given, else found on the control
+/// plane, unless it is external.
+fn etcd(args: &RunArgs) -> anyhow::Result<nodewarden::etcd::EtcdSetup> {
+    use nodewarden::admission::rules::EtcdPlacement;
+    use nodewarden::etcd::{Discovery, EtcdClient, EtcdConfig, EtcdSetup};
+    let timeout = seconds(args.etcd_timeout, "etcd-timeout")?;
+    if !args.etcd_endpoints.is_empty() {
+        let client = EtcdClient::new(EtcdConfig {
+            endpoints: args.etcd_endpoints.clone(),
+            ca: args.etcd_ca.clone(),
+            cert: args.etcd_cert.clone(),
+            key: args.etcd_key.clone(),
+            timeout,
+        })?;
+        return Ok(EtcdSetup::Endpoints(std::sync::Arc::new(client)));
     }
-    Ok(Some(nodewarden::etcd::EtcdConfig {
-        endpoints: args.etcd_endpoints.clone(),
-        ca: args.etcd_ca.clone(),
-        cert: args.etcd_cert.clone(),
-        key: args.etcd_key.clone(),
-        timeout: seconds(args.etcd_timeout, "etcd-timeout")?,
+    if args.etcd_on_control_plane == EtcdPlacement::External {
+        return Ok(EtcdSetup::External);
+    }
+    let defaults = Discovery::in_dir(&args.etcd_pki_dir);
+    Ok(EtcdSetup::Discover(Discovery {
+        placement: args.etcd_on_control_plane,
+        client_port: args.etcd_client_port,
+        ca: args.etcd_ca.clone().unwrap_or(defaults.ca),
+        cert: args.etcd_cert.clone().unwrap_or(defaults.cert),
+        key: args.etcd_key.clone().unwrap_or(defaults.key),
+        timeout,
     }))
 }
 
@@ -458,6 +529,13 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
         cloud_ration,
         discover_scaling_groups: args.discover_scaling_groups,
         etcd,
+        upgrade_agent: match &args.upgrade_agent_socket {
+            Some(socket) => Some(nodewarden::upgrade_agent::AgentClient::new(
+                socket.clone(),
+                seconds(args.upgrade_agent_timeout, "upgrade-agent-timeout")?,
+            )),
+            None => None,
+        },
         admission,
         webhook_limits,
         bare_metal: match args.sip.as_str() {
@@ -524,4 +602,28 @@ fn seconds_or_duration(s: &str) -> Result<Duration, String> {
         Err(_) => nodewarden::api::node_maintenance::parse_duration(s),
     };
     parsed.ok_or_else(|| format!("{s:?} is neither a number of seconds nor a duration such as 15m"))
+}
+
+/// `nodewarden copy-etcd-pki`: says what it copied, or that there was nothing.
+fn copy_etcd_pki(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    let copied = nodewarden::etcd::access::copy_pki(from, to).with_context(|| {
+        format!(
+            "copying the etcd certificates from {} to {}",
+            from.display(),
+            to.display()
+        )
+    })?;
+    if copied == 0 {
+        println!(
+            "no etcd certificates in {}: not a control-plane node; a stacked member is reported unreachable if this replica leads",
+            from.display()
+        );
+    } else {
+        println!(
+            "copied {copied} etcd certificate files from {} to {}",
+            from.display(),
+            to.display()
+        );
+    }
+    Ok(())
 }

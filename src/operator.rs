@@ -44,9 +44,12 @@ pub struct OperatorConfig {
     pub cloud: Option<Arc<dyn CloudProvider>>,
     /// The calls a second to that cloud, shared by every controller.
     pub cloud_ration: Ration,
-    /// etcd, whose member a control-plane node loses before it is retired;
-    /// None: members are left alone.
-    pub etcd: Option<crate::etcd::EtcdConfig>,
+    /// etcd, whose member a control-plane node loses before it is retired:
+    /// found on the control plane unless endpoints are given or it is external.
+    pub etcd: crate::etcd::EtcdSetup,
+    /// Constellation's upgrade-agent, which upgrades the control plane in
+    /// place for a new `kubernetesClusterVersion` (None: not mounted).
+    pub upgrade_agent: Option<crate::upgrade_agent::AgentClient>,
     /// Create ScalingGroups (following this NodeVersion) for cloud groups that
     /// have none, while leading.
     pub discover_scaling_groups: Option<String>,
@@ -65,9 +68,6 @@ pub enum OperatorError {
     /// The leader election settings break its guarantees.
     #[error(transparent)]
     LeaderConfig(#[from] ConfigError),
-    /// etcd's settings cannot be used.
-    #[error(transparent)]
-    Etcd(#[from] crate::etcd::EtcdError),
     /// The HTTP endpoints could not be served.
     #[error("serving HTTP on {addr}: {source}")]
     Http {
@@ -105,19 +105,9 @@ pub fn manager(client: Client, config: &OperatorConfig, metrics: &Metrics) -> Re
         let batched = Arc::new(BatchedStates::new(metered));
         Arc::new(RetryingCloud::new(batched, RetryPolicy::default())) as Arc<dyn CloudProvider>
     });
-    app.etcd = match &config.etcd {
-        Some(etcd) => {
-            let client = crate::etcd::EtcdClient::new(etcd.clone())?;
-            tracing::info!(endpoints = ?client.endpoints(), "etcd member removal is on: a control-plane node's etcd member is removed before the node is retired");
-            Some(Arc::new(client))
-        }
-        None => {
-            tracing::info!(
-                "etcd member removal is off (no --etcd-endpoints): retired control-plane nodes keep their etcd members"
-            );
-            None
-        }
-    };
+    app.etcd = config.etcd.clone();
+    app.upgrade_agent = config.upgrade_agent.clone();
+    log_etcd_setup(&app.etcd);
     register_all(&mut manager, &app);
     if let Some(node_version) = config.discover_scaling_groups.clone() {
         scaling_group::register_discovery(&mut manager, &app, node_version);
@@ -188,4 +178,26 @@ pub async fn run(
     let _ = http_task.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Says once at the start how etcd members of retired control-plane nodes
+/// are removed.
+fn log_etcd_setup(setup: &crate::etcd::EtcdSetup) {
+    use crate::etcd::EtcdSetup;
+    match setup {
+        EtcdSetup::Endpoints(client) => tracing::info!(
+            endpoints = ?client.endpoints(),
+            "etcd member removal through the given endpoints: a control-plane node's member is removed before the node is retired"
+        ),
+        EtcdSetup::Discover(d) => tracing::info!(
+            placement = ?d.placement,
+            ca = %d.ca.display(),
+            cert = %d.cert.display(),
+            port = d.client_port,
+            "etcd found on the control-plane nodes: a node that runs a member loses it before it is retired, and waits while etcd cannot be reached"
+        ),
+        EtcdSetup::External => tracing::info!(
+            "etcd is external (--etcd-on-control-plane=false): retired control-plane nodes' members are not touched"
+        ),
+    }
 }

@@ -46,7 +46,15 @@ pub struct Request {
 #[derive(Debug, Default, Deserialize)]
 pub struct Reviewed {
     #[serde(default)]
+    metadata: Option<Metadata>,
+    #[serde(default)]
     spec: Option<Spec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -64,6 +72,15 @@ impl Reviewed {
         object
             .and_then(|o| o.spec.as_ref())
             .and_then(|s| s.node_name.as_deref())
+            .unwrap_or_default()
+    }
+
+    /// The value of label `key`, empty when unset.
+    pub fn label<'a>(object: Option<&'a Reviewed>, key: &str) -> &'a str {
+        object
+            .and_then(|o| o.metadata.as_ref())
+            .and_then(|m| m.labels.get(key))
+            .map(String::as_str)
             .unwrap_or_default()
     }
 
@@ -150,6 +167,8 @@ mod tests {
         assert_eq!(Reviewed::node_name(review.request.object.as_ref()), "node-b");
         assert_eq!(Reviewed::node_name(review.request.old_object.as_ref()), "node-a");
         assert_eq!(Reviewed::node_image(review.request.object.as_ref()), "");
+        assert_eq!(Reviewed::label(review.request.object.as_ref(), "a"), "b");
+        assert_eq!(Reviewed::label(review.request.object.as_ref(), "c"), "");
     }
 
     /// The answer is what kube makes from its own full parse of the review.

@@ -3,76 +3,10 @@
 //! words: scripts and tests written against it read them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::str::FromStr;
 
-/// Where etcd's members run, which decides where the quorum rule applies
-/// (the operator's `--etcd-on-control-plane`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum EtcdPlacement {
-    /// Where a static etcd pod runs (`auto`): kubeadm's and RKE2's
-    /// `kube-system/etcd-<node>`, label `component=etcd`.
-    #[default]
-    Detect,
-    /// On every control-plane node (`true`): etcd without a pod of its own,
-    /// such as k3s's embedded one.
-    ControlPlane,
-    /// Off the nodes (`false`): external etcd, managed control planes.
-    External,
-}
-
-impl FromStr for EtcdPlacement {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(EtcdPlacement::Detect),
-            "true" => Ok(EtcdPlacement::ControlPlane),
-            "false" => Ok(EtcdPlacement::External),
-            other => Err(format!("{other:?}: expected auto, true or false")),
-        }
-    }
-}
-
-/// The namespace and label of static etcd pods (kubeadm's, RKE2's).
-pub const ETCD_POD_NAMESPACE: &str = "kube-system";
-/// The label selector of static etcd pods.
-pub const ETCD_POD_SELECTOR: &str = "component=etcd";
-
-/// A static etcd pod as the webhook reads it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EtcdPod {
-    /// The pod's name (`etcd-<node>` as kubeadm names it).
-    pub name: String,
-    /// spec.nodeName.
-    pub node: Option<String>,
-}
-
-/// The control-plane nodes that run an etcd member, each with how that is
-/// known (the message of a refusal names it).
-pub fn etcd_members(
-    placement: EtcdPlacement,
-    control_plane: &BTreeSet<String>,
-    pods: &[EtcdPod],
-) -> BTreeMap<String, String> {
-    match placement {
-        EtcdPlacement::External => BTreeMap::new(),
-        EtcdPlacement::ControlPlane => control_plane
-            .iter()
-            .map(|n| (n.clone(), "--etcd-on-control-plane=true".to_string()))
-            .collect(),
-        EtcdPlacement::Detect => control_plane
-            .iter()
-            .filter_map(|n| {
-                let on_node = |p: &&EtcdPod| match &p.node {
-                    Some(bound) => bound == n,
-                    None => p.name == format!("etcd-{n}"),
-                };
-                let pod = pods.iter().find(on_node)?;
-                Some((n.clone(), format!("static pod {ETCD_POD_NAMESPACE}/{}", pod.name)))
-            })
-            .collect(),
-    }
-}
+pub use crate::etcd::placement::{
+    ETCD_POD_NAMESPACE, ETCD_POD_SELECTOR, EtcdPlacement, EtcdPod, etcd_members,
+};
 
 /// What the webhook knows of the etcd members on the cluster's nodes.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -84,11 +18,46 @@ pub struct ControlPlane {
     pub available: BTreeSet<String>,
 }
 
+/// Who asks for a NodeMaintenance, as its `nodewarden.dev/drain-for` label
+/// says; each is held to the quorum rule that fits what its drain does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Requester {
+    /// A person or another tool: NMO's rule (refused while too few members
+    /// would be left on Ready nodes out of maintenance).
+    #[default]
+    Other,
+    /// nodewarden's rollout draining a replaced node. A drain leaves the
+    /// static etcd pod running; the member goes only through the rollout's
+    /// etcd rules (the heir's member joined, the rest healthy, quorum kept
+    /// after), so no quorum rule applies here: otherwise a one-member
+    /// control plane could never be replaced.
+    Rollout,
+    /// nodewarden's Plan draining a node to upgrade it (its Job may restart
+    /// the member). Refused only while waiting can help: another member is
+    /// unavailable now and would count once back. Where every other member
+    /// is available and still too few (a one- or two-member etcd), it
+    /// proceeds, as upstream's `kubectl drain` does.
+    Plan,
+}
+
+impl Requester {
+    /// The requester a `nodewarden.dev/drain-for` label value names.
+    pub fn from_label(value: &str) -> Requester {
+        match value {
+            "rollout" => Requester::Rollout,
+            "plan" => Requester::Plan,
+            _ => Requester::Other,
+        }
+    }
+}
+
 /// What the webhook read for a NodeMaintenance being created.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MaintenanceCreate<'a> {
     /// spec.nodeName.
     pub node_name: &'a str,
+    /// Who asks (its label).
+    pub requester: Requester,
     /// The node exists.
     pub node_exists: bool,
     /// Other NodeMaintenances (either group, not being deleted) naming it.
@@ -121,24 +90,42 @@ pub fn maintenance_create(m: &MaintenanceCreate) -> Result<(), String> {
     if let Some(cp) = m.control_plane
         && let Some(why) = cp.members.get(m.node_name)
     {
-        let left = cp
-            .available
-            .iter()
-            .filter(|n| n.as_str() != m.node_name && cp.members.contains_key(*n))
-            .count();
-        let needed = quorum(cp.members.len());
-        if left < needed {
-            return Err(format!(
-                "can not put master/control-plane node into maintenance at this moment, disrupting node {} \
-                 will violate etcd quorum: an etcd member runs on it ({why}), and {left} of the {} members \
-                 would be left on Ready nodes out of maintenance; etcd needs more than half of its members \
-                 ({needed}) for quorum",
-                m.node_name,
-                cp.members.len()
-            ));
-        }
+        return quorum_rule(m.node_name, m.requester, cp, why);
     }
     Ok(())
+}
+
+/// The quorum rule for member node `node` (see [`Requester`]).
+fn quorum_rule(node: &str, requester: Requester, cp: &ControlPlane, why: &str) -> Result<(), String> {
+    let others = cp.members.keys().filter(|n| n.as_str() != node);
+    let (mut left, mut away) = (0, 0);
+    for n in others {
+        if cp.available.contains(n) {
+            left += 1;
+        } else {
+            away += 1;
+        }
+    }
+    let needed = quorum(cp.members.len());
+    let refused = match requester {
+        Requester::Other => left < needed,
+        Requester::Rollout => false,
+        Requester::Plan => left < needed && away > 0,
+    };
+    if !refused {
+        return Ok(());
+    }
+    let wait = match requester {
+        Requester::Plan => "; the Plan drains it once the other members are back",
+        _ => "",
+    };
+    Err(format!(
+        "can not put master/control-plane node into maintenance at this moment, disrupting node {node} \
+         will violate etcd quorum: an etcd member runs on it ({why}), and {left} of the {} members \
+         would be left on Ready nodes out of maintenance; etcd needs more than half of its members \
+         ({needed}) for quorum{wait}",
+        cp.members.len()
+    ))
 }
 
 /// Allowed, or why an update of a NodeMaintenance is denied.
@@ -174,63 +161,6 @@ mod tests {
     }
 
     #[test]
-    fn etcd_members_are_where_etcd_runs() {
-        let control_plane: BTreeSet<String> = ["c1", "c2", "c3"].iter().map(|s| s.to_string()).collect();
-        let pod = |name: &str, node: Option<&str>| EtcdPod {
-            name: name.into(),
-            node: node.map(Into::into),
-        };
-        let pods = [
-            pod("etcd-c1", Some("c1")),
-            // Named for c2 but bound elsewhere: the binding counts.
-            pod("etcd-c2", Some("w1")),
-            // Not bound yet: the name tells.
-            pod("etcd-c3", None),
-        ];
-        // (placement, pods, members with how they are known)
-        type Case<'a> = (EtcdPlacement, &'a [EtcdPod], &'a [(&'a str, &'a str)]);
-        let cases: [Case; 5] = [
-            (
-                EtcdPlacement::Detect,
-                &pods,
-                &[
-                    ("c1", "static pod kube-system/etcd-c1"),
-                    ("c3", "static pod kube-system/etcd-c3"),
-                ],
-            ),
-            (EtcdPlacement::Detect, &[], &[]),
-            (
-                EtcdPlacement::ControlPlane,
-                &[],
-                &[
-                    ("c1", "--etcd-on-control-plane=true"),
-                    ("c2", "--etcd-on-control-plane=true"),
-                    ("c3", "--etcd-on-control-plane=true"),
-                ],
-            ),
-            (EtcdPlacement::External, &pods, &[]),
-            (EtcdPlacement::External, &[], &[]),
-        ];
-        for (placement, pods, want) in cases {
-            let want: BTreeMap<String, String> =
-                want.iter().map(|(n, w)| (n.to_string(), w.to_string())).collect();
-            assert_eq!(
-                etcd_members(placement, &control_plane, pods),
-                want,
-                "{placement:?}"
-            );
-        }
-        for (flag, want) in [
-            ("auto", Ok(EtcdPlacement::Detect)),
-            ("true", Ok(EtcdPlacement::ControlPlane)),
-            ("false", Ok(EtcdPlacement::External)),
-        ] {
-            assert_eq!(flag.parse::<EtcdPlacement>(), want);
-        }
-        assert!("yes".parse::<EtcdPlacement>().is_err());
-    }
-
-    #[test]
     fn maintenance_creation() {
         let three_up = cp(&["c1", "c2", "c3"], &["c1", "c2", "c3"]);
         let one_down = cp(&["c1", "c2", "c3"], &["c1", "c2"]);
@@ -250,6 +180,7 @@ mod tests {
         let other = ["nm-1".to_string()];
         let create = |node_name, control_plane| MaintenanceCreate {
             node_name,
+            requester: Requester::Other,
             node_exists: true,
             existing: &[],
             control_plane,
@@ -258,6 +189,7 @@ mod tests {
             (
                 "missing node",
                 MaintenanceCreate {
+                    requester: Requester::Other,
                     node_name: "x",
                     node_exists: false,
                     existing: &[],
@@ -268,6 +200,7 @@ mod tests {
             (
                 "second maintenance",
                 MaintenanceCreate {
+                    requester: Requester::Other,
                     node_name: "w1",
                     node_exists: true,
                     existing: &other,
@@ -278,6 +211,7 @@ mod tests {
             (
                 "worker",
                 MaintenanceCreate {
+                    requester: Requester::Other,
                     node_name: "w1",
                     node_exists: true,
                     existing: &[],
@@ -288,6 +222,7 @@ mod tests {
             (
                 "one of three",
                 MaintenanceCreate {
+                    requester: Requester::Other,
                     node_name: "c1",
                     node_exists: true,
                     existing: &[],
@@ -298,6 +233,7 @@ mod tests {
             (
                 "second of three",
                 MaintenanceCreate {
+                    requester: Requester::Other,
                     node_name: "c1",
                     node_exists: true,
                     existing: &[],
@@ -308,6 +244,7 @@ mod tests {
             (
                 "an unavailable member may go",
                 MaintenanceCreate {
+                    requester: Requester::Other,
                     node_name: "c3",
                     node_exists: true,
                     existing: &[],
@@ -318,6 +255,7 @@ mod tests {
             (
                 "third of five",
                 MaintenanceCreate {
+                    requester: Requester::Other,
                     node_name: "c1",
                     node_exists: true,
                     existing: &[],
@@ -328,6 +266,7 @@ mod tests {
             (
                 "a single control-plane node",
                 MaintenanceCreate {
+                    requester: Requester::Other,
                     node_name: "c1",
                     node_exists: true,
                     existing: &[],
@@ -371,6 +310,95 @@ mod tests {
                 (Err(msg), Err(want)) => assert!(msg.contains(want), "{what}: {msg}"),
                 (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
             }
+        }
+    }
+
+    /// nodewarden's own drains: a rollout's never waits for quorum (the
+    /// etcd rules guard the member), a Plan's only while waiting can help.
+    #[test]
+    fn nodewardens_own_drains_are_held_to_the_rule_that_fits_them() {
+        let single = cp(&["c1"], &["c1"]);
+        let pair = cp(&["c1", "c2"], &["c1", "c2"]);
+        let three_up = cp(&["c1", "c2", "c3"], &["c1", "c2", "c3"]);
+        let one_down = cp(&["c1", "c2", "c3"], &["c1", "c2"]);
+        let pair_one_down = cp(&["c1", "c2"], &["c1"]);
+        use Requester::*;
+        // (what, requester, control plane, node, admitted)
+        let cases: [(&str, Requester, &ControlPlane, &str, bool); 14] = [
+            ("a person: the only member", Other, &single, "c1", false),
+            (
+                "a rollout: the only member (its heir's joins)",
+                Rollout,
+                &single,
+                "c1",
+                true,
+            ),
+            (
+                "a Plan: the only member, nothing to wait for",
+                Plan,
+                &single,
+                "c1",
+                true,
+            ),
+            ("a person: one of two", Other, &pair, "c1", false),
+            ("a rollout: one of two", Rollout, &pair, "c1", true),
+            ("a Plan: one of two, the other available", Plan, &pair, "c1", true),
+            (
+                "a Plan: one of two, the other away: wait",
+                Plan,
+                &pair_one_down,
+                "c1",
+                false,
+            ),
+            ("a person: one of three", Other, &three_up, "c1", true),
+            ("a Plan: one of three", Plan, &three_up, "c1", true),
+            ("a person: a second of three", Other, &one_down, "c1", false),
+            (
+                "a Plan: a second of three waits for the first",
+                Plan,
+                &one_down,
+                "c1",
+                false,
+            ),
+            ("a rollout: a second of three", Rollout, &one_down, "c1", true),
+            ("a Plan: the member that is away", Plan, &one_down, "c3", true),
+            ("a person: the member that is away", Other, &one_down, "c3", true),
+        ];
+        for (what, requester, control_plane, node_name, admitted) in cases {
+            let got = maintenance_create(&MaintenanceCreate {
+                node_name,
+                requester,
+                node_exists: true,
+                existing: &[],
+                control_plane: Some(control_plane),
+            });
+            assert_eq!(got.is_ok(), admitted, "{what}: {got:?}");
+        }
+        let held = maintenance_create(&MaintenanceCreate {
+            node_name: "c1",
+            requester: Plan,
+            node_exists: true,
+            existing: &[],
+            control_plane: Some(&one_down),
+        });
+        assert!(
+            held.is_err_and(|m| m.ends_with("the Plan drains it once the other members are back")),
+            "a Plan's refusal says it waits"
+        );
+        // The one-maintenance-per-node rule holds for every requester.
+        let other = ["nm-1".to_string()];
+        for requester in [Other, Rollout, Plan] {
+            let got = maintenance_create(&MaintenanceCreate {
+                node_name: "w1",
+                requester,
+                node_exists: true,
+                existing: &other,
+                control_plane: None,
+            });
+            assert!(got.is_err(), "{requester:?}");
+        }
+        for (label, want) in [("rollout", Rollout), ("plan", Plan), ("", Other), ("x", Other)] {
+            assert_eq!(Requester::from_label(label), want);
         }
     }
 

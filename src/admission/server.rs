@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionReview, Operation};
@@ -31,9 +31,9 @@ use super::certs::{self, CertBundle};
 use super::limits::{self, Limits, Refusal};
 use super::metrics::{WebhookMetrics, WebhookRefusal};
 use super::review::{self, Reviewed};
-use super::rules::{self, ControlPlane, EtcdPlacement, EtcdPod, MaintenanceCreate};
+use super::rules::{self, ControlPlane, EtcdPlacement, EtcdPod, MaintenanceCreate, Requester};
 use super::{AdmissionConfig, CertSource};
-use crate::api::node_maintenance::{MaintenanceObject, MaintenancePhase, kubevirt, medik8s};
+use crate::api::node_maintenance::{DRAIN_FOR_LABEL, MaintenanceObject, MaintenancePhase, kubevirt, medik8s};
 use crate::api::update::NodeVersion;
 use crate::http::conn::{self, Slots, Timeout};
 use crate::runtime::leader::LeaderHandle;
@@ -276,7 +276,8 @@ async fn decide(webhook: &Webhook, req: &review::Request) -> Result<(), String> 
     let (object, old) = (req.object.as_ref(), req.old_object.as_ref());
     match (req.kind.kind.as_str(), &req.operation) {
         ("NodeMaintenance", Operation::Create) => {
-            maintenance_create(webhook, &req.name, Reviewed::node_name(object)).await
+            let requester = Requester::from_label(Reviewed::label(object, DRAIN_FOR_LABEL));
+            maintenance_create(webhook, &req.name, Reviewed::node_name(object), requester).await
         }
         ("NodeMaintenance", Operation::Update) => {
             rules::maintenance_update(Reviewed::node_name(old), Reviewed::node_name(object))
@@ -344,22 +345,17 @@ async fn etcd_pods(client: &Client, placement: EtcdPlacement) -> Result<Vec<Etcd
     if placement != EtcdPlacement::Detect {
         return Ok(Vec::new());
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), rules::ETCD_POD_NAMESPACE);
-    let list = pods
-        .list(&ListParams::default().labels(rules::ETCD_POD_SELECTOR))
+    crate::etcd::placement::static_etcd_pods(client)
         .await
-        .map_err(|e| format!("cannot list the etcd pods now: {e}"))?;
-    Ok(list
-        .items
-        .iter()
-        .map(|p| EtcdPod {
-            name: p.name_any(),
-            node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-        })
-        .collect())
+        .map_err(|e| format!("cannot list the etcd pods now: {e}"))
 }
 
-async fn maintenance_create(webhook: &Webhook, name: &str, node_name: &str) -> Result<(), String> {
+async fn maintenance_create(
+    webhook: &Webhook,
+    name: &str,
+    node_name: &str,
+    requester: Requester,
+) -> Result<(), String> {
     let (client, node_selector) = (&webhook.client, webhook.node_selector.as_deref());
     let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes
@@ -405,6 +401,7 @@ async fn maintenance_create(webhook: &Webhook, name: &str, node_name: &str) -> R
     };
     rules::maintenance_create(&MaintenanceCreate {
         node_name,
+        requester,
         node_exists: node.is_some(),
         existing: &existing,
         control_plane: control_plane.as_ref(),

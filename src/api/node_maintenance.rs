@@ -14,6 +14,16 @@ use kube::{CustomResource, KubeSchema, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The label nodewarden puts on the NodeMaintenances it makes for itself:
+/// `rollout` (a replaced node's drain) or `plan` (a Plan's drain). The
+/// webhook judges those by the rule that fits them (see
+/// `admission::rules::Requester`).
+pub const DRAIN_FOR_LABEL: &str = "nodewarden.dev/drain-for";
+/// [`DRAIN_FOR_LABEL`] of a rollout's drain.
+pub const DRAIN_FOR_ROLLOUT: &str = "rollout";
+/// [`DRAIN_FOR_LABEL`] of a Plan's drain.
+pub const DRAIN_FOR_PLAN: &str = "plan";
+
 /// What to do when a drain has not finished within `drainTimeout`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum DrainTimeoutPolicy {

@@ -66,8 +66,10 @@ pub struct App {
     pub objects: Source,
     /// The cloud that replaces nodes; None: no rolling replacement.
     pub cloud: Option<Arc<dyn CloudProvider>>,
-    /// etcd, whose members retired control-plane nodes lose; None: off.
-    pub etcd: Option<Arc<crate::etcd::EtcdClient>>,
+    /// etcd, whose members retired control-plane nodes lose.
+    pub etcd: crate::etcd::EtcdSetup,
+    /// Constellation's upgrade-agent (None: not mounted).
+    pub upgrade_agent: Option<crate::upgrade_agent::AgentClient>,
     /// NodeMaintenance settings.
     pub maintenance: node_maintenance::MaintenanceConfig,
     /// Plan settings.
@@ -96,7 +98,8 @@ impl App {
             nodes: Source::all(),
             objects: Source::all(),
             cloud: None,
-            etcd: None,
+            etcd: Default::default(),
+            upgrade_agent: None,
             maintenance: Default::default(),
             plans: Default::default(),
             rollout: Default::default(),

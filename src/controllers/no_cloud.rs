@@ -56,6 +56,26 @@ pub fn no_cloud_conditions(
     (conditions != existing).then_some(conditions)
 }
 
+/// `conditions` as Constellation's CLI needs them: exactly one, Outdated
+/// (the one there, or Unknown for reason NoCloudProvider).
+pub fn upstream_conditions(
+    conditions: &[Condition],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    match conditions.iter().find(|c| c.type_ == condition::OUTDATED) {
+        Some(outdated) => vec![outdated.clone()],
+        None => vec![Condition {
+            type_: condition::OUTDATED.to_string(),
+            status: "Unknown".to_string(),
+            reason: reason::NO_CLOUD_PROVIDER.to_string(),
+            message: MESSAGE.to_string(),
+            observed_generation: generation,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+        }],
+    }
+}
+
 /// Writes the NoCloudProvider conditions on every NodeVersion.
 pub struct NoCloudReconciler {
     client: Client,
@@ -72,18 +92,17 @@ impl Reconciler for NoCloudReconciler {
         };
         let status = nv.status.clone().unwrap_or_default();
         let existing = status.rollout_conditions;
-        let Some(conditions) = no_cloud_conditions(&existing, nv.metadata.generation, Timestamp::now())
-        else {
-            return Ok(Action::Done);
-        };
-        let first = !existing.iter().any(|c| c.reason == reason::NO_CLOUD_PROVIDER);
+        let now = Timestamp::now();
         // Constellation's CLI reads exactly one condition: only Outdated
-        // stays in `conditions` (an older nodewarden wrote more there).
-        let upstream: Vec<&Condition> = status
-            .conditions
-            .iter()
-            .filter(|c| c.type_ == condition::OUTDATED)
-            .collect();
+        // stays in `conditions` (an older nodewarden wrote more there), and
+        // a NodeVersion without one gets it, Unknown (nothing compares nodes).
+        let upstream = upstream_conditions(&status.conditions, nv.metadata.generation, now);
+        let rollout = no_cloud_conditions(&existing, nv.metadata.generation, now);
+        if rollout.is_none() && upstream == status.conditions {
+            return Ok(Action::Done);
+        }
+        let conditions = rollout.unwrap_or_else(|| existing.clone());
+        let first = !existing.iter().any(|c| c.reason == reason::NO_CLOUD_PROVIDER);
         Api::<NodeVersion>::all(self.client.clone())
             .patch_status(
                 &nv.name_any(),
@@ -105,6 +124,32 @@ mod tests {
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(seconds).expect("a timestamp")
+    }
+
+    #[test]
+    fn constellations_cli_finds_exactly_one_condition_without_a_cloud() {
+        let fresh = upstream_conditions(&[], Some(2), at(5));
+        assert_eq!(fresh.len(), 1);
+        assert_eq!(
+            (
+                fresh[0].type_.as_str(),
+                fresh[0].status.as_str(),
+                fresh[0].reason.as_str()
+            ),
+            (condition::OUTDATED, "Unknown", reason::NO_CLOUD_PROVIDER)
+        );
+        let mut older = fresh.clone();
+        older[0].status = "True".into();
+        older.push(Condition {
+            type_: condition::PROGRESSING.into(),
+            ..older[0].clone()
+        });
+        let kept = upstream_conditions(&older, Some(3), at(9));
+        assert_eq!(
+            kept,
+            vec![older[0].clone()],
+            "the Outdated there is kept, the rest dropped"
+        );
     }
 
     #[test]

@@ -506,13 +506,21 @@ pub struct NodeMaintenanceReconciler<M: MaintenanceObject> {
 }
 
 /// What maintenance does to a node: cordon, the group's drain taint and the
-/// unschedulable taint, and the label that keeps remediation tools away.
-fn quarantine_spec(drain_taint: &str) -> Quarantine {
+/// unschedulable taint, and the label that keeps remediation tools away. A
+/// Plan's drain (kubectl's rules) only cordons, as `kubectl drain` does.
+fn quarantine_spec(drain_taint: &str, kubectl_rules: bool) -> Quarantine {
     let taint = |key: &str| Taint {
         key: key.into(),
         effect: "NoSchedule".into(),
         ..Default::default()
     };
+    if kubectl_rules {
+        return Quarantine {
+            cordon: true,
+            taints: Vec::new(),
+            labels: BTreeMap::new(),
+        };
+    }
     Quarantine {
         cordon: true,
         taints: vec![taint(drain_taint), taint(UNSCHEDULABLE_TAINT)],
@@ -625,7 +633,8 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             return Ok(decision);
         }
         facts.admitted = self.ctx.admit(owner);
-        if facts.admitted {
+        // A Plan's drain is `kubectl drain`: no medik8s lease.
+        if facts.admitted && plan_drain(obj.annotations()).is_none() {
             facts.lease = Some(self.take_lease(node_name).await?);
         }
         Ok(decide(&facts))
@@ -644,12 +653,14 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         let node_name = obj.node_name();
         let owner = owner_of(obj);
         let written = self.set_owner_reference(api, obj, node).await?;
-        self.quarantine(node_name, &owner, begun_by_nmo(obj.finalizers()))
+        let kubectl = plan_drain(obj.annotations());
+        let spec = quarantine_spec(M::DRAIN_TAINT, kubectl.is_some());
+        self.quarantine(node_name, &owner, &spec, begun_by_nmo(obj.finalizers()))
             .await?;
         let options = DrainOptions {
             timeout: obj.drain_timeout().and_then(parse_duration),
             on_timeout: obj.on_drain_timeout(),
-            kubectl: plan_drain(obj.annotations()),
+            kubectl,
             ..DrainOptions::default()
         };
         let (queue, me) = (self.queue.clone(), key.clone());
@@ -792,7 +803,7 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             // that operator would have.
             let restored = quarantine::undo(&node, owner).or_else(|| {
                 by_nmo
-                    .then(|| quarantine::lift_unrecorded(&node, &quarantine_spec(M::DRAIN_TAINT)))
+                    .then(|| quarantine::lift_unrecorded(&node, &quarantine_spec(M::DRAIN_TAINT, false)))
                     .flatten()
             });
             if let Some(restored) = restored {
@@ -814,7 +825,7 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
         let holds_lease = (self.ctx.claims_of)(node_name)
             .iter()
             .any(|c| c.owner != owner && c.active && !c.deleting);
-        if !holds_lease {
+        if !holds_lease && plan_drain(obj.annotations()).is_none() {
             self.release_lease(node_name).await?;
         }
         // Both finalizers in one write: nodewarden's and the Node Maintenance Operator's.
@@ -854,14 +865,13 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
     /// Cordon, taints and the exclude label, recorded on the node for undo.
     /// Of a maintenance the Node Maintenance Operator began, the quarantine
     /// it made is taken over: undone whole on deletion, as it would have.
-    async fn quarantine(&self, node_name: &str, owner: &str, by_nmo: bool) -> Result<()> {
+    async fn quarantine(&self, node_name: &str, owner: &str, spec: &Quarantine, by_nmo: bool) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.ctx.client.clone());
         let node = nodes.get(node_name).await?;
-        let spec = quarantine_spec(M::DRAIN_TAINT);
         let applied = if by_nmo {
-            quarantine::take_over(&node, &spec, owner)
+            quarantine::take_over(&node, spec, owner)
         } else {
-            quarantine::apply(&node, &spec, owner)
+            quarantine::apply(&node, spec, owner)
         };
         match applied {
             Ok(Some(held)) => {

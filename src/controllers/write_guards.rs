@@ -393,6 +393,12 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
     ),
     (
         "controllers/plan/act.rs",
+        "retry_job",
+        "delete_if_present(",
+        DeletePreconditions,
+    ),
+    (
+        "controllers/plan/act.rs",
         "label",
         "api.patch(",
         Harmless(
@@ -512,6 +518,14 @@ const SOURCES: &[(&str, &str)] = &[
     (
         "controllers/node_version/metrics.rs",
         include_str!("node_version/metrics.rs"),
+    ),
+    (
+        "controllers/node_version/control_plane.rs",
+        include_str!("node_version/control_plane.rs"),
+    ),
+    (
+        "controllers/node_version/etcd_reach.rs",
+        include_str!("node_version/etcd_reach.rs"),
     ),
     (
         "controllers/node_version/mod.rs",

@@ -86,11 +86,21 @@ const UNMANAGED: &str = "Pods that declare no controller (use --force to overrid
 
 /// kubectl's filters in its order: outside the pod selector, then pods
 /// terminating past the skip timeout, DaemonSet, mirror, local storage,
-/// no controller. A Plan's own upgrade pods are never drained (upstream
-/// selects pods without its controller label). A DaemonSet pod counts as
-/// managed whether or not its DaemonSet still exists.
+/// no controller. Pods labelled `upgrade.cattle.io/controller` are never
+/// drained: upstream's drain selects `!upgrade.cattle.io/controller` (its
+/// own Jobs' pods, and the controller itself, whose manifest carries the
+/// label to avoid drains). A DaemonSet pod counts as managed whether or
+/// not its DaemonSet still exists.
 pub fn verdict(pod: &Pod, opts: &KubectlDrain, now: Timestamp) -> Verdict {
     if opts.pod_selector.as_ref().is_some_and(|s| !selects(s, pod)) {
+        return Verdict::Skip;
+    }
+    if pod
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(crate::api::plan::labels::CONTROLLER))
+    {
         return Verdict::Skip;
     }
     let class = classify(pod);
@@ -189,6 +199,8 @@ mod tests {
             json!({"metadata": {"name": "apply", "labels": {"upgrade.cattle.io/plan": "p"},
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": true}]}}),
         );
+        let controller = pod(json!({"metadata": {"name": "suc", "namespace": "system-upgrade",
+            "labels": {"upgrade.cattle.io/controller": "system-upgrade-controller"}}}));
         let defaults = KubectlDrain::of(&DrainSpec::default());
         let force = KubectlDrain {
             force: true,
@@ -220,6 +232,12 @@ mod tests {
                 Verdict::Refuse(UNMANAGED),
             ),
             ("bare pod, force true: removed", &bare, &force, Verdict::Remove),
+            (
+                "a pod labelled upgrade.cattle.io/controller is never drained",
+                &controller,
+                &force,
+                Verdict::Skip,
+            ),
             ("controlled pod", &rs, &defaults, Verdict::Remove),
             (
                 "DaemonSet pod, ignored by default",

@@ -148,6 +148,43 @@ pub fn prepare_job(
     Some(job)
 }
 
+/// The annotation a Job carries with the digest of the pod template it was
+/// made with ([`template_digest`]).
+pub const TEMPLATE_DIGEST_ANNOTATION: &str = "nodewarden.dev/template-digest";
+
+/// A digest of what a Job runs (its pod template as built, before the API
+/// server's defaults): a Job whose digest differs from the one the plan
+/// renders now was made from an earlier spec (upstream's apply replaces
+/// such a Job; its name, from the plan's hash, stays the same).
+pub fn template_digest(job: &Job) -> String {
+    use sha2::{Digest, Sha256};
+    let template = job.spec.as_ref().map(|s| &s.template);
+    let bytes = serde_json::to_vec(&template).unwrap_or_default();
+    let digest = Sha256::digest(bytes);
+    digest.iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Notes `job`'s [`template_digest`] on it.
+pub fn stamp_template_digest(job: &mut Job) {
+    let digest = template_digest(job);
+    job.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(TEMPLATE_DIGEST_ANNOTATION.into(), digest);
+}
+
+/// Whether `existing` (a Job of the cluster) was made from another template
+/// than `wanted` renders now. A Job without the annotation (made by an
+/// earlier nodewarden, or by upstream's controller) is taken as current.
+pub fn made_from_another_template(existing: &Job, wanted: &Job) -> bool {
+    let recorded = existing
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TEMPLATE_DIGEST_ANNOTATION));
+    recorded.is_some_and(|d| *d != template_digest(wanted))
+}
+
 /// The Job applying `plan` at `version`/`hash` on `node`. A plan's
 /// `prepare` runs in a Job of its own before ([`prepare_job`]), so it is
 /// not repeated here.

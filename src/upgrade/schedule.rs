@@ -79,6 +79,9 @@ pub struct NodeFacts {
     pub held_by: Option<String>,
     /// Its Job for the current hash.
     pub job: JobState,
+    /// That Job was made from an earlier spec of the plan (its template
+    /// differs from what the plan renders now).
+    pub job_outdated: bool,
     /// Its prepare Job for the current hash (None: the plan has no `prepare`).
     pub prepare_job: Option<JobState>,
     /// A Job of an earlier hash still runs on it.
@@ -102,6 +105,9 @@ pub enum Step {
     /// Delete its failed prepare Job, so the next pass makes it again
     /// (upstream recreates a failed Job).
     RetryPrepare,
+    /// Delete its failed Job made from an earlier spec, so the next pass
+    /// makes it with the plan's edit (upstream's apply replaces it).
+    RetryJob,
     /// Create its Job.
     CreateJob,
     /// Label it with the hash and postCompleteLabels.
@@ -209,6 +215,11 @@ fn decide(
     }
     match &node.job {
         JobState::Succeeded => decision(Phase::WaitingReady, Step::Label, "its Job succeeded"),
+        JobState::Failed(_) if node.job_outdated => decision(
+            Phase::Upgrading,
+            Step::RetryJob,
+            "the plan changed since its Job failed: the Job is made again",
+        ),
         JobState::Failed(why) => decision(Phase::Failed, Step::Wait, why.clone()),
         JobState::Running => decision(Phase::Upgrading, Step::Wait, "its Job runs"),
         JobState::Absent if node.earlier_job_running => decision(
@@ -376,6 +387,7 @@ mod tests {
             cordoned_by_plan: false,
             held_by: None,
             job: JobState::Absent,
+            job_outdated: false,
             prepare_job: None,
             earlier_job_running: false,
             remnants: true,
@@ -433,6 +445,8 @@ mod tests {
             ("no prep: job", Prep::Nothing, node(), None, 0, Phase::Upgrading, Step::CreateJob),
             ("job runs", Prep::Drain, with(&|n| n.job = JobState::Running), None, 0, Phase::Upgrading, Step::Wait),
             ("job failed", Prep::Drain, with(&|n| n.job = JobState::Failed("x".into())), None, 0, Phase::Failed, Step::Wait),
+            ("job failed, the plan edited since: made again", Prep::Drain, with(&|n| { n.job = JobState::Failed("x".into()); n.job_outdated = true; }), Some(&failed), 0, Phase::Upgrading, Step::RetryJob),
+            ("a running job of an earlier spec runs on", Prep::Drain, with(&|n| { n.job = JobState::Running; n.job_outdated = true; }), None, 0, Phase::Upgrading, Step::Wait),
             ("a drain failure lasts while the drain fails", Prep::Drain, with(&|n| n.maintenance = Maintenance::Failed("pdb x".into())), Some(&drain_failed), 0, Phase::Failed, Step::Wait),
             ("a drain that failed and then finished goes on", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&drain_failed), 0, Phase::Upgrading, Step::CreateJob),
             ("a failed job gone (its TTL) is made again, as upstream", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), Some(&failed), 0, Phase::Upgrading, Step::CreateJob),

@@ -125,20 +125,7 @@ async fn operator_with_webhook(env: &TestEnv) -> (RunningOperator, String) {
     let configuration = env.name("webhook");
     create_configuration(env, &configuration, port).await;
     let mut config = env.operator_config(Default::default(), None, "operator");
-    config.admission = Some(AdmissionConfig {
-        addr: format!("127.0.0.1:{port}").parse().expect("an address"),
-        namespace: env.namespace.clone(),
-        secret: env.name("webhook-tls"),
-        webhook_configuration: configuration.clone(),
-        names: ServingNames {
-            dns: Vec::new(),
-            ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
-        },
-        certificates: Default::default(),
-        node_selector: Some(env.run_selector()),
-        etcd: Default::default(),
-        refresh: Duration::from_secs(1),
-    });
+    config.admission = Some(admission_config(env, port, &configuration));
     let operator = env.start_operator_from(config).await;
     wait_ca_bundle(env, &configuration).await;
     (operator, configuration)

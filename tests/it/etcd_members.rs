@@ -22,12 +22,12 @@ use kube::api::{Api, ListParams};
 use nodewarden::api::update::{NodeVersion, condition, reason};
 use nodewarden::cloud::CloudProvider;
 use nodewarden::controllers::node_maintenance::MaintenanceConfig;
-use nodewarden::etcd::{EtcdClient, EtcdConfig, Health};
+use nodewarden::etcd::{EtcdClient, EtcdConfig, EtcdSetup, Health};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 /// The InternalIP of each of the test's nodes, by name.
-async fn node_ips(env: &TestEnv) -> BTreeMap<String, IpAddr> {
+pub(crate) async fn node_ips(env: &TestEnv) -> BTreeMap<String, IpAddr> {
     node_ips_of(&env.client, &env.run_selector()).await
 }
 
@@ -57,17 +57,35 @@ async fn node_ips_of(client: &kube::Client, selector: &str) -> BTreeMap<String, 
 /// Plays `kubeadm join` for every new control-plane node: a member on its
 /// InternalIP, added and started (tried again while etcd refuses the add).
 fn joiner(env: &TestEnv, cluster: Arc<EtcdCluster>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
-    let (client, selector) = (env.client.clone(), env.run_selector());
+    joiner_with(env, cluster, stop, false)
+}
+
+/// As [`joiner`]; with `static_pods` each joined node also gets the mirror
+/// pod of its static etcd pod, as the kubelet of a kubeadm node makes it.
+pub(crate) fn joiner_with(
+    env: &TestEnv,
+    cluster: Arc<EtcdCluster>,
+    stop: CancellationToken,
+    static_pods: bool,
+) -> tokio::task::JoinHandle<()> {
+    let (client, selector, run) = (env.client.clone(), env.run_selector(), env.id.clone());
     tokio::spawn(async move {
         // etcd refuses adds for seconds after a change: said once per node.
         let mut refused = BTreeSet::new();
         while !stop.is_cancelled() {
             for (name, ip) in node_ips_of(&client, &selector).await {
-                if !cluster.has(ip).await
-                    && let Err(e) = cluster.join(&name, ip).await
-                    && refused.insert(name.clone())
-                {
-                    println!("joining {name} to etcd: {e}; trying again");
+                if cluster.has(ip).await {
+                    continue;
+                }
+                match cluster.join(&name, ip).await {
+                    Ok(()) if static_pods => {
+                        support::admission::create_etcd_pod_in(&client, &run, &name).await
+                    }
+                    Ok(()) => {}
+                    Err(e) if refused.insert(name.clone()) => {
+                        println!("joining {name} to etcd: {e}; trying again")
+                    }
+                    Err(_) => {}
                 }
             }
             tokio::select! {
@@ -104,16 +122,19 @@ async fn in_process(r: &Rollout, cluster: &EtcdCluster) -> RunningOperator {
     let mut config = r
         .env
         .operator_config(MaintenanceConfig::default(), Some(cloud), "operator");
-    config.etcd = Some(EtcdConfig {
-        endpoints: cluster.client_urls().await,
-        ..Default::default()
-    });
+    config.etcd = EtcdSetup::Endpoints(Arc::new(
+        EtcdClient::new(EtcdConfig {
+            endpoints: cluster.client_urls().await,
+            ..Default::default()
+        })
+        .expect("an etcd client"),
+    ));
     r.env.start_operator_from(config).await
 }
 
 /// Waits until etcd's members are exactly the nodes' (one started member
 /// on each node's InternalIP, no other); returns them.
-async fn members_are_the_nodes(env: &TestEnv, cluster: &EtcdCluster) -> Vec<Listed> {
+pub(crate) async fn members_are_the_nodes(env: &TestEnv, cluster: &EtcdCluster) -> Vec<Listed> {
     wait_for(
         "etcd's members to be exactly the nodes'",
         Duration::from_secs(30),
@@ -138,7 +159,7 @@ async fn members_are_the_nodes(env: &TestEnv, cluster: &EtcdCluster) -> Vec<List
 
 /// How often the Event `reason` was reported on NodeVersion `name` (Events
 /// of one reason on one object are one Event with a series).
-async fn times(env: &TestEnv, name: &str, reason: &str) -> i32 {
+pub(crate) async fn times(env: &TestEnv, name: &str, reason: &str) -> i32 {
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
     let fields = format!("regarding.kind=NodeVersion,regarding.name={name}");
     let list = events
@@ -152,7 +173,7 @@ async fn times(env: &TestEnv, name: &str, reason: &str) -> i32 {
         .sum()
 }
 
-async fn finish(r: Rollout) {
+pub(crate) async fn finish(r: Rollout) {
     let Rollout { env, sim, .. } = r;
     sim.sim.kill().await;
     env.cleanup().await;
@@ -340,10 +361,13 @@ async fn external_etcd_is_left_alone() {
     let cluster = EtcdCluster::start(&[("external-0".to_string(), external)]).await;
     let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
     let mut config = env.operator_config(MaintenanceConfig::default(), Some(cloud), "operator");
-    config.etcd = Some(EtcdConfig {
-        endpoints: cluster.client_urls().await,
-        ..Default::default()
-    });
+    config.etcd = EtcdSetup::Endpoints(Arc::new(
+        EtcdClient::new(EtcdConfig {
+            endpoints: cluster.client_urls().await,
+            ..Default::default()
+        })
+        .expect("an etcd client"),
+    ));
     let op = env.start_operator_from(config).await;
 
     roll(&r, "img-2", 1).await;

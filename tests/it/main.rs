@@ -17,6 +17,7 @@ mod aws_ha;
 mod chart;
 mod controller;
 mod controlplane;
+mod etcd_defaults;
 mod etcd_members;
 mod event_filtering;
 mod install;

@@ -127,6 +127,7 @@ proptest! {
             let cp = ControlPlane { members: etcd, available: available.clone() };
             let verdict = maintenance_create(&MaintenanceCreate {
                 node_name: &node,
+                requester: Default::default(),
                 node_exists: true,
                 existing: &[],
                 control_plane: Some(&cp),

@@ -73,6 +73,7 @@ impl Node {
             cordoned_by_plan: self.cordoned,
             held_by: None,
             job: self.job.clone(),
+            job_outdated: false,
             prepare_job: None,
             earlier_job_running: false,
             remnants: self.remnants(),
@@ -306,6 +307,8 @@ impl World {
                 !node.remnants(),
                 "{name} left applying with the plan's things on it"
             ),
+            // The model's plans are never edited (the unit table has it).
+            Step::RetryJob => prop_assert!(false, "{name}: a Job made again though the plan did not change"),
             // The model's plans have no `prepare` (its order is in the unit table).
             Step::Prepare | Step::RetryPrepare => {
                 prop_assert!(false, "{name}: a prepare step without prepare")
@@ -329,7 +332,7 @@ impl World {
                     node.job = JobState::Absent;
                 }
             }
-            Step::Wait | Step::Finish | Step::Prepare | Step::RetryPrepare => {}
+            Step::Wait | Step::Finish | Step::Prepare | Step::RetryPrepare | Step::RetryJob => {}
         }
     }
 

@@ -1230,6 +1230,34 @@ async fn drain_options_are_honoured_as_kubectl_drain_honours_them() {
         "cannot delete Pods that declare no controller",
     )
     .await;
+    // kubectl drain's way: the node cordoned, and nothing of NodeMaintenance's
+    // own (its drain taint, the remediation label, the medik8s Lease).
+    let strict = node(&env, &nodes["strict"]).await;
+    assert!(cordoned(&strict), "the strict plan's node is cordoned");
+    let taints: Vec<String> = strict
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect();
+    assert!(!taints.iter().any(|t| t.starts_with("medik8s.io/")), "{taints:?}");
+    assert!(
+        !strict
+            .labels()
+            .contains_key("remediation.medik8s.io/exclude-from-remediation"),
+        "{:?}",
+        strict.labels()
+    );
+    let lease_namespace =
+        nodewarden::controllers::node_maintenance::MaintenanceConfig::default().lease_namespace;
+    let lease =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(env.client.clone(), &lease_namespace)
+            .get_opt(&format!("node-{}", nodes["strict"]))
+            .await
+            .expect("reading the node's Lease");
+    assert!(lease.is_none(), "no medik8s Lease for a Plan's drain: {lease:?}");
     // deleteEmptydirData false: the emptyDir pod blocks, named.
     blocked("keepdirs", "scratch", "cannot delete Pods with local storage").await;
     // force true: evicted, and the node upgraded.
@@ -1429,6 +1457,104 @@ async fn a_failed_job_is_made_again_once_its_ttl_removed_it() {
     set_taint(&env, &n, json!(null)).await;
     wait_upgraded(&env, &env.namespace, "retry", &nodes, TIMEOUT).await;
     delete_plan_and_wait(&env, &env.namespace, "retry").await;
+    operator.stop().await;
+    env.cleanup().await;
+}
+
+/// What `kubectl get plans` prints for plan `name`: each column's name and
+/// cell, from the API server's table (the CRD's printer columns).
+async fn printed_columns(env: &TestEnv, name: &str) -> std::collections::BTreeMap<String, String> {
+    let path = format!(
+        "/apis/upgrade.cattle.io/v1/namespaces/{}/plans/{name}",
+        env.namespace
+    );
+    let request = http::Request::get(path)
+        .header(
+            http::header::ACCEPT,
+            "application/json;as=Table;v=v1;g=meta.k8s.io",
+        )
+        .body(Vec::new())
+        .expect("a request");
+    let table: Value = env.client.request(request).await.expect("the plan as a table");
+    let names = table["columnDefinitions"].as_array().cloned().unwrap_or_default();
+    let cells = table["rows"][0]["cells"].as_array().cloned().unwrap_or_default();
+    names
+        .iter()
+        .zip(cells)
+        .map(|(c, v)| {
+            // A column whose JSONPath matches nothing is null (kubectl: <none>).
+            let cell = match v {
+                Value::Null => String::new(),
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (c["name"].as_str().unwrap_or_default().to_string(), cell)
+        })
+        .collect()
+}
+
+/// A Plan whose Job fails (`args: ["exit 1"]`) shows the failure in the
+/// Message column of `kubectl get plans`; edited to `["exit 0"]` (the same
+/// hash: upstream's hash leaves args out) its failed Job is made again with
+/// the edit at once, not after the Job's TTL, and the plan completes with
+/// nothing in the Message column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_plan_edited_to_a_working_one_runs_again_at_once() {
+    let env = TestEnv::new("plan-edit").await;
+    let nodes = env.create_kwok_nodes(1, &[("edit", "yes")]).await;
+    let mut config = env.operator_config(Default::default(), None, "operator");
+    // The first failed pod fails the Job; its TTL (15 min) is not waited for.
+    config.plans.jobs.backoff_limit = 0;
+    config.plans.jobs.ttl_after_finished_secs = 900;
+    let operator = env.start_operator_from(config).await;
+    let spec = json!({
+        "concurrency": 1, "version": "v2", "cordon": true,
+        "nodeSelector": {"matchLabels": {"edit": "yes"}},
+        "upgrade": {"image": "example.invalid/upgrade", "command": ["sh", "-c"], "args": ["exit 1"]},
+    });
+    create_plan(&env, "edit", json!({}), spec)
+        .await
+        .expect("creating the plan");
+    let failure = wait_condition(&env, "edit", "Complete", "False", "JobFailed").await;
+    assert!(failure.contains(" failed on Node "), "{failure}");
+    let columns = printed_columns(&env, "edit").await;
+    assert_eq!(
+        columns.get("Message"),
+        Some(&failure),
+        "kubectl get plans shows the failure: {columns:?}"
+    );
+    let failed_job = jobs_on(&env, &nodes[0]).await;
+    assert_eq!(failed_job.len(), 1, "one failed Job");
+
+    patch_plan(&env, "edit", json!({"upgrade": {"args": ["exit 0"]}})).await;
+    wait_upgraded(&env, &env.namespace, "edit", &nodes, Duration::from_secs(60)).await;
+    wait_condition(&env, "edit", "Complete", "True", "Complete").await;
+    let jobs = jobs_on(&env, &nodes[0]).await;
+    assert!(
+        jobs.iter().all(|j| j.metadata.uid != failed_job[0].metadata.uid),
+        "the failed Job was replaced, not waited out"
+    );
+    assert!(
+        jobs.iter().any(|j| j.spec.as_ref().is_some_and(|s| {
+            s.template
+                .spec
+                .as_ref()
+                .is_some_and(|p| p.containers[0].args.as_deref() == Some(&["exit 0".to_string()][..]))
+        })),
+        "the new Job runs the edit"
+    );
+    let columns = printed_columns(&env, "edit").await;
+    assert_eq!(
+        columns.get("Message").map(String::as_str),
+        Some(""),
+        "{columns:?}"
+    );
+    assert_eq!(
+        columns.get("Complete").map(String::as_str),
+        Some("True"),
+        "{columns:?}"
+    );
+    delete_plan_and_wait(&env, &env.namespace, "edit").await;
     operator.stop().await;
     env.cleanup().await;
 }

@@ -715,3 +715,342 @@ async fn the_constellation_clis_whole_object_write_mid_rollout_keeps_the_surge()
     sim.sim.kill().await;
     env.cleanup().await;
 }
+
+/// Switching from Constellation's operator mid-rollout: it paired a donor
+/// with a Ready heir and asked for the donor's drain with a NodeMaintenance
+/// named as the node (taken up by its Node Maintenance Operator). nodewarden
+/// adopts that maintenance as the donor's drain (no second one, which its
+/// webhook would refuse), retires the donor and finishes the rollout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_mid_rollout_adopts_upstreams_maintenance_of_the_donor() {
+    use nodewarden::api::node_maintenance::medik8s;
+    use nodewarden::cloud::CreateNodeRequest;
+
+    let r = setup("switch-mid", &[("workers", "Worker", 2)]).await;
+    let env = &r.env;
+    let group = r.groups[0].0.clone();
+    let old: Vec<String> = node_names(env).await.into_iter().collect();
+    let provider = &r.sim.sim.provider;
+    provider
+        .set_group_image(&group, "img-2")
+        .await
+        .expect("the group's new image");
+    Api::<NodeVersion>::all(env.client.clone())
+        .patch(
+            &env.name("version"),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"image": "img-2"}})),
+        )
+        .await
+        .expect("the new image");
+    // The heir upstream made, Ready and paired (its PendingNode gone).
+    let heir = provider
+        .create_node(&CreateNodeRequest::new(&group).with_request_id(env.name("heir")))
+        .await
+        .expect("an instance")
+        .node_name;
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    wait_for(&format!("{heir} Ready"), Duration::from_secs(60), || async {
+        match nodes.get_opt(&heir).await {
+            Ok(Some(n)) if support::node_is_ready(&n) => Probe::Done(()),
+            Ok(_) => Probe::NotYet("not Ready".into()),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    let donor = old[0].clone();
+    for (node, key, value) in [
+        (&heir, "constellation.edgeless.systems/donor", &donor),
+        (&donor, "constellation.edgeless.systems/heir", &heir),
+    ] {
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"annotations": {key: value}}})),
+            )
+            .await
+            .expect("annotating");
+    }
+    // Upstream's drain request, with its Node Maintenance Operator's finalizer.
+    let upstream: medik8s::NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1", "kind": "NodeMaintenance",
+        "metadata": {"name": donor, "labels": {RUN_LABEL: env.id},
+                     "finalizers": ["foregroundDeleteNodeMaintenance"]},
+        "spec": {"nodeName": donor},
+    }))
+    .expect("a NodeMaintenance");
+    let maintenances: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    maintenances
+        .create(&PostParams::default(), &upstream)
+        .await
+        .expect("creating upstream's maintenance");
+
+    // Every maintenance name seen while nodewarden works.
+    let seen_names = Arc::new(Mutex::new(BTreeSet::new()));
+    let stop = CancellationToken::new();
+    let watching = {
+        let (seen_names, stop, api) = (seen_names.clone(), stop.clone(), maintenances.clone());
+        let selector = env.run_selector();
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                if let Ok(list) = api.list(&ListParams::default().labels(&selector)).await {
+                    let mut names = seen_names.lock().expect("the set");
+                    names.extend(list.items.iter().map(|m| m.name_any()));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let cloud: Arc<dyn CloudProvider> = Arc::new(provider.clone());
+    let op = env
+        .start_operator_with(MaintenanceConfig::default(), Some(cloud), "operator")
+        .await;
+    wait_for("the donor retired", Duration::from_secs(120), || async {
+        match nodes.get_opt(&donor).await {
+            Ok(None) => Probe::Done(()),
+            Ok(Some(_)) => Probe::NotYet("still there".into()),
+            Err(e) => Probe::NotYet(seen(e)),
+        }
+    })
+    .await;
+    roll(&r, "img-2", 1).await;
+    stop.cancel();
+    let _ = watching.await;
+    let names = seen_names.lock().expect("the set").clone();
+    assert!(
+        !names.contains(&format!("nodewarden-replace-{donor}")),
+        "no second maintenance of the donor: {names:?}"
+    );
+    assert!(names.contains(&donor), "{names:?}");
+    assert!(
+        node_names(env).await.contains(&heir),
+        "the donor's heir stays as its replacement"
+    );
+    assert_no_leak(&r).await;
+    op.stop().await;
+    let Rollout { env, sim, .. } = r;
+    sim.sim.kill().await;
+    env.cleanup().await;
+}
+
+/// A Kubernetes upgrade as `constellation apply` makes it (a new components
+/// ConfigMap, then `kubernetesClusterVersion` and its reference on the
+/// NodeVersion): nodewarden sends the version and the upgradable components
+/// to the upgrade-agent on its socket (a fake from the same contract, with
+/// a kubeadm stub), with `status.activeclusterversionupgrade` true while it
+/// runs, and replaces no node until the control plane is upgraded; then
+/// every node is replaced and the flag is false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_kubernetes_version_upgrades_the_control_plane_before_any_node_is_replaced() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use nodewarden::controllers::node_version::COMPONENTS_ANNOTATION;
+    use nodewarden::upgrade_agent::AgentClient;
+    use support::upgrade_agent::FakeAgent;
+
+    let r = setup(
+        "cp-upgrade",
+        &[("cp", "ControlPlane", 1), ("workers", "Worker", 2)],
+    )
+    .await;
+    let env = &r.env;
+    let versions: Api<NodeVersion> = Api::all(env.client.clone());
+    let nv = env.name("version");
+    let old_components = env.name("components-1");
+    versions
+        .patch(
+            &nv,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"kubernetesComponentsReference": old_components}})),
+        )
+        .await
+        .expect("the first components");
+    let stop = CancellationToken::new();
+    let service = tokio::spawn(join_service(env.client.clone(), env.id.clone(), stop.clone()));
+    // kubeadm takes 3 s a run: the flag is seen while it runs.
+    let agent = FakeAgent::start(3, "v0.0.0-never");
+    let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
+    let mut config = env.operator_config(MaintenanceConfig::default(), Some(cloud), "operator");
+    config.upgrade_agent = Some(AgentClient::new(agent.socket.clone(), Duration::from_secs(60)));
+    let op = env.start_operator_from(config).await;
+    let before = wait_for("3 nodes with components", Duration::from_secs(60), || async {
+        let names = node_names(env).await;
+        let annotated = Api::<Node>::all(env.client.clone())
+            .list(&ListParams::default().labels(&env.run_selector()))
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|n| n.annotations().contains_key(COMPONENTS_ANNOTATION))
+                    .count()
+            })
+            .unwrap_or_default();
+        match annotated == 3 {
+            true => Probe::Done(names),
+            false => Probe::NotYet(format!("{annotated} of 3 annotated")),
+        }
+    })
+    .await;
+
+    // What `constellation apply` writes: the components, then the NodeVersion.
+    let served = env
+        .client
+        .apiserver_version()
+        .await
+        .expect("the API server's version")
+        .git_version;
+    let wanted = "v1.99.0";
+    let new_components = env.name("components-2");
+    let components = json!([
+        {"url": "https://example.invalid/kubelet", "hash": "sha256:01", "install_path": "/run/state/bin/kubelet"},
+        {"url": "https://example.invalid/kubeadm", "hash": "sha256:02", "install_path": "/run/state/bin/kubeadm"},
+        {"url": "data:application/json;base64,W10=", "install_path": "/opt/kubernetes/patches/kube-apiserver+json.json"},
+    ]);
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": new_components, "namespace": "kube-system", "labels": {RUN_LABEL: env.id}},
+        "immutable": true,
+        "data": {"components": components.to_string(), "cluster-version": wanted},
+    }))
+    .expect("a ConfigMap");
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), "kube-system");
+    maps.create(&PostParams::default(), &cm)
+        .await
+        .expect("the components ConfigMap");
+    versions
+        .patch(
+            &nv,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"kubernetesComponentsReference": new_components, "kubernetesClusterVersion": wanted}})),
+        )
+        .await
+        .expect("the new Kubernetes version");
+
+    // While the agent runs: the flag is true and every old node is there.
+    let first_new = Arc::new(Mutex::new(None::<std::time::Instant>));
+    let flag_seen = Arc::new(Mutex::new(Vec::<bool>::new()));
+    let watching = {
+        let (first_new, flag_seen, stop) = (first_new.clone(), flag_seen.clone(), stop.clone());
+        let (versions, nv, before) = (versions.clone(), nv.clone(), before.clone());
+        let client = env.client.clone();
+        let selector = env.run_selector();
+        tokio::spawn(async move {
+            let nodes: Api<Node> = Api::all(client);
+            while !stop.is_cancelled() {
+                if let Ok(v) = versions.get(&nv).await {
+                    let flag = v
+                        .status
+                        .map(|s| s.active_cluster_version_upgrade)
+                        .unwrap_or_default();
+                    let mut seen = flag_seen.lock().expect("flags");
+                    if seen.last() != Some(&flag) {
+                        seen.push(flag);
+                    }
+                }
+                if let Ok(l) = nodes.list(&ListParams::default().labels(&selector)).await
+                    && l.items.iter().any(|n| !before.contains(&n.name_any()))
+                {
+                    first_new
+                        .lock()
+                        .expect("time")
+                        .get_or_insert_with(std::time::Instant::now);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    wait_for(
+        "every node replaced, on the new components",
+        Duration::from_secs(180),
+        || async {
+            let list = Api::<Node>::all(env.client.clone())
+                .list(&ListParams::default().labels(&env.run_selector()))
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            let on_new = list
+                .iter()
+                .filter(|n| n.annotations().get(COMPONENTS_ANNOTATION) == Some(&new_components))
+                .count();
+            match (
+                on_new,
+                list.len(),
+                list.iter().any(|n| before.contains(&n.name_any())),
+            ) {
+                (3, 3, false) => Probe::Done(()),
+                other => Probe::NotYet(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let nv_now = versions.get(&nv).await.expect("the NodeVersion");
+    assert!(
+        !nv_now
+            .status
+            .as_ref()
+            .is_some_and(|s| s.active_cluster_version_upgrade),
+        "activeclusterversionupgrade is false after"
+    );
+    stop.cancel();
+    let _ = watching.await;
+    let _ = service.await;
+
+    let calls = agent.calls();
+    assert_eq!(calls.len(), 1, "one upgrade: {calls:?}");
+    let call = &calls[0];
+    assert_eq!(call.status, 0);
+    assert_eq!(call.request.wanted_kubernetes_version, wanted);
+    let sent: Vec<&str> = call
+        .request
+        .kubernetes_components
+        .iter()
+        .map(|c| c.install_path.as_str())
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            "/run/state/bin/kubeadm",
+            "/opt/kubernetes/patches/kube-apiserver+json.json"
+        ],
+        "kubeadm and its patches, as upstream sends them"
+    );
+    assert_eq!(
+        agent.kubeadm_runs(),
+        [
+            format!(
+                "upgrade plan --ignore-preflight-errors CoreDNSMigration,CoreDNSUnsupportedPlugins {wanted}"
+            ),
+            format!(
+                "upgrade apply --yes --patches /opt/kubernetes/patches --ignore-preflight-errors CoreDNSMigration,CoreDNSUnsupportedPlugins {wanted}"
+            ),
+        ]
+    );
+    let first_new = first_new.lock().expect("time").expect("a new node appeared");
+    assert!(
+        call.ended <= first_new,
+        "the control plane was upgraded ({:?}) before the first node was replaced ({:?})",
+        call.ended,
+        first_new
+    );
+    let flags = flag_seen.lock().expect("flags").clone();
+    assert!(
+        flags.windows(2).any(|w| w == [true, false]),
+        "activeclusterversionupgrade true while the agent ran, false after: {flags:?}"
+    );
+    env.wait_events(
+        "NodeVersion",
+        &nv,
+        &["ControlPlaneUpgradeStarted", "ControlPlaneUpgraded"],
+    )
+    .await;
+    println!(
+        "the API server served {served}; control plane upgraded to {wanted} in {:?}",
+        call.ended - call.started
+    );
+    maps.delete(&new_components, &Default::default())
+        .await
+        .expect("deleting the ConfigMap");
+    op.stop().await;
+    let Rollout { env, sim, .. } = r;
+    sim.sim.kill().await;
+    env.cleanup().await;
+}

@@ -55,6 +55,15 @@ The container's args: `nodewarden run` with the flags the values ask for
 - --etcd-key=/etc/nodewarden/etcd/tls.key
 {{- end }}
 {{- include "nodewarden.flag" (list "etcd-timeout" $v.etcd.timeout) }}
+{{- include "nodewarden.flag" (list "etcd-client-port" $v.etcd.clientPort) }}
+{{- include "nodewarden.flag" (list "etcd-on-control-plane" (include "nodewarden.etcdOnControlPlane" .)) }}
+{{- if include "nodewarden.hostPKI" . }}
+- --etcd-pki-dir={{ include "nodewarden.etcdPKIDir" . }}
+{{- end }}
+{{- if include "nodewarden.upgradeAgent" . }}
+- --upgrade-agent-socket={{ include "nodewarden.upgradeAgentDir" . }}/agent.sock
+{{- include "nodewarden.flag" (list "upgrade-agent-timeout" $v.upgradeAgent.timeout) }}
+{{- end }}
 {{- include "nodewarden.flag" (list "plan-namespace" $v.plans.namespace) }}
 {{- include "nodewarden.flag" (list "plan-channel-poll" $v.plans.channelPoll) }}
 {{- include "nodewarden.flag" (list "plan-settle" $v.plans.settle) }}
@@ -70,7 +79,6 @@ The container's args: `nodewarden run` with the flags the values ask for
 {{- include "nodewarden.flag" (list "sip" $v.sip) }}
 {{- end }}
 {{- if include "nodewarden.webhookEnabled" . }}
-{{- include "nodewarden.flag" (list "etcd-on-control-plane" $v.webhook.etcdOnControlPlane) }}
 {{- include "nodewarden.flag" (list "webhook-handshake-timeout" $v.webhook.handshakeTimeout) }}
 {{- include "nodewarden.flag" (list "webhook-request-timeout" $v.webhook.requestTimeout) }}
 {{- include "nodewarden.flag" (list "webhook-max-connections" $v.webhook.maxConnections) }}

@@ -69,3 +69,30 @@ as integers: YAML numbers reach templates as floats, which would print
 {{- define "nodewarden.simAddress" -}}
 {{- .Values.cloud.sim.address | default (printf "http://sim-cloud.%s:8090" .Release.Namespace) -}}
 {{- end -}}
+
+{{/*
+Whether the pods read the control plane's etcd certificates through a
+hostPath (etcd found as Constellation finds it): on unless endpoints are
+given or etcd is external.
+*/}}
+{{- define "nodewarden.hostPKI" -}}
+{{- $e := .Values.etcd -}}
+{{- if and $e.hostPKI.enabled (not $e.endpoints) (ne (include "nodewarden.etcdOnControlPlane" .) "false") }}true{{ end -}}
+{{- end -}}
+
+{{/* --etcd-on-control-plane: etcd.onControlPlane, else the older webhook.etcdOnControlPlane. */}}
+{{- define "nodewarden.etcdOnControlPlane" -}}
+{{- .Values.etcd.onControlPlane | default .Values.webhook.etcdOnControlPlane | default "" -}}
+{{- end -}}
+
+{{/* Where the pod keeps its copy of the etcd certificates. */}}
+{{- define "nodewarden.etcdPKIDir" -}}/var/run/nodewarden/etcd-pki{{- end -}}
+
+{{/* Whether Constellation's upgrade-agent socket is relayed into the pod. */}}
+{{- define "nodewarden.upgradeAgent" -}}
+{{- $a := .Values.upgradeAgent -}}
+{{- if or (eq (toString $a.enabled) "true") (and (eq (toString $a.enabled) "auto") (eq .Values.cloud.provider "aws")) }}true{{ end -}}
+{{- end -}}
+
+{{/* Where nodewarden reaches the relayed upgrade-agent socket. */}}
+{{- define "nodewarden.upgradeAgentDir" -}}/var/run/nodewarden/upgrade-agent{{- end -}}

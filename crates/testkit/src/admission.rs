@@ -45,6 +45,30 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The webhook's settings for a test: served on loopback `port` with a
+/// certificate for 127.0.0.1, its caBundle kept in `configuration`, the
+/// test's nodes only.
+pub fn admission_config(
+    env: &TestEnv,
+    port: u16,
+    configuration: &str,
+) -> nodewarden::admission::AdmissionConfig {
+    nodewarden::admission::AdmissionConfig {
+        addr: format!("127.0.0.1:{port}").parse().expect("an address"),
+        namespace: env.namespace.clone(),
+        secret: env.name("webhook-tls"),
+        webhook_configuration: configuration.to_string(),
+        names: nodewarden::admission::ServingNames {
+            dns: Vec::new(),
+            ips: vec![std::net::Ipv4Addr::LOCALHOST.into()],
+        },
+        certificates: Default::default(),
+        node_selector: Some(env.run_selector()),
+        etcd: Default::default(),
+        refresh: Duration::from_secs(1),
+    }
+}
+
 /// Creates the configuration `name`: NodeMaintenances (both groups) and
 /// ScalingGroups of this test go to `https://127.0.0.1:<port>/validate`,
 /// failurePolicy Fail, 5 s timeout; no caBundle (nodewarden sets it).
@@ -102,10 +126,15 @@ pub async fn wait_ca_bundle(env: &TestEnv, name: &str) {
 /// A static etcd pod on `node` as kubeadm makes it (`kube-system/etcd-<node>`,
 /// label `component=etcd`, bound to the node), carrying the test's run label.
 pub async fn create_etcd_pod(env: &TestEnv, node: &str) {
+    create_etcd_pod_in(&env.client, &env.id, node).await
+}
+
+/// [`create_etcd_pod`] with a client and a run id (from a task without the `TestEnv`).
+pub async fn create_etcd_pod_in(client: &kube::Client, run: &str, node: &str) {
     let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
         "metadata": {
             "name": format!("etcd-{node}"),
-            "labels": {"component": "etcd", "tier": "control-plane", RUN_LABEL: env.id},
+            "labels": {"component": "etcd", "tier": "control-plane", RUN_LABEL: run},
             // A mirror pod, as the kubelet makes for a static pod: a drain
             // leaves it (a maintenance of this node would otherwise take
             // the member away before the next admission counts it).
@@ -118,7 +147,7 @@ pub async fn create_etcd_pod(env: &TestEnv, node: &str) {
         },
     }))
     .expect("an etcd pod");
-    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(env.client.clone(), "kube-system")
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), "kube-system")
         .create(&PostParams::default(), &pod)
         .await
         .expect("creating the etcd pod");

@@ -25,7 +25,11 @@ use super::{Probe, control_plane, wait_for};
 /// One member's process and where it listens.
 struct Process {
     name: String,
+    /// The advertised client URL (HTTPS on a TLS cluster).
     client_url: String,
+    /// Plain HTTP, not advertised: where the harness itself lists, adds
+    /// and checks members (the same as `client_url` without TLS).
+    admin_url: String,
     peer_url: String,
     data_dir: PathBuf,
     child: Option<Child>,
@@ -39,6 +43,19 @@ pub struct EtcdCluster {
     members: Mutex<BTreeMap<IpAddr, Process>>,
     /// Client URLs over HTTPS, clients held to a certificate of the CA.
     pub tls: Option<Tls>,
+    /// Every member's client port (None: a free one each).
+    client_port: Option<u16>,
+}
+
+/// How [`EtcdCluster::start_with_options`] starts the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct EtcdOptions {
+    /// Clients over HTTPS with certificates (see [`Tls`]), the serving one
+    /// for these IPs (the initial members' and those that will join).
+    pub tls_for: Option<Vec<IpAddr>>,
+    /// Every member's client port, as kubeadm's 2379 on each node's IP
+    /// (None: a free one each).
+    pub client_port: Option<u16>,
 }
 
 /// A CA, etcd's serving certificate (for the members' IPs) and a client
@@ -94,6 +111,19 @@ impl Tls {
             server_key: write("server.key", &server_key),
             client_cert: write("client.crt", &client),
             client_key: write("client.key", &client_key),
+        }
+    }
+
+    /// The control plane's etcd PKI as kubeadm lays it out in `dir`
+    /// (`ca.crt`, `peer.crt`, `peer.key`: the client certificate here).
+    pub fn write_pki(&self, dir: &std::path::Path) {
+        std::fs::create_dir_all(dir).expect("a PKI dir");
+        for (from, to) in [
+            (&self.ca, "ca.crt"),
+            (&self.client_cert, "peer.crt"),
+            (&self.client_key, "peer.key"),
+        ] {
+            std::fs::copy(from, dir.join(to)).expect("copying a PEM file");
         }
     }
 
@@ -180,16 +210,26 @@ impl EtcdCluster {
     /// As [`EtcdCluster::start`], clients over HTTPS with certificates
     /// (see [`Tls`]); the peers still talk plain HTTP.
     pub async fn start_with(members: &[(String, IpAddr)], tls: bool) -> EtcdCluster {
+        let ips: Vec<IpAddr> = members.iter().map(|(_, ip)| *ip).collect();
+        let options = EtcdOptions {
+            tls_for: tls.then_some(ips),
+            client_port: None,
+        };
+        EtcdCluster::start_with_options(members, options).await
+    }
+
+    /// As [`EtcdCluster::start`], as `options` say.
+    pub async fn start_with_options(members: &[(String, IpAddr)], options: EtcdOptions) -> EtcdCluster {
         let bin_dir = std::fs::read_to_string(control_plane().run_dir.join("bin-dir"))
             .expect("the control plane's bin-dir");
         let dir = tempfile::tempdir().expect("a temp dir");
-        let ips: Vec<IpAddr> = members.iter().map(|(_, ip)| *ip).collect();
         let cluster = EtcdCluster {
             bin: PathBuf::from(bin_dir.trim()).join("etcd"),
-            tls: tls.then(|| Tls::generate(dir.path(), &ips)),
+            tls: options.tls_for.as_ref().map(|ips| Tls::generate(dir.path(), ips)),
             dir,
             token: format!("t-{:08x}", rand::random::<u32>()),
             members: Mutex::new(BTreeMap::new()),
+            client_port: options.client_port,
         };
         let planned: Vec<Process> = members.iter().map(|(name, ip)| cluster.plan(name, *ip)).collect();
         let initial: Vec<String> = planned
@@ -235,10 +275,18 @@ impl EtcdCluster {
     }
 
     fn plan(&self, name: &str, ip: IpAddr) -> Process {
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let port = self.client_port.unwrap_or_else(|| free_port(ip));
+        let (client_url, admin_url) = match self.tls {
+            Some(_) => (
+                format!("https://{ip}:{port}"),
+                format!("http://{ip}:{}", free_port(ip)),
+            ),
+            None => (format!("http://{ip}:{port}"), format!("http://{ip}:{port}")),
+        };
         Process {
             name: name.to_string(),
-            client_url: format!("{scheme}://{ip}:{}", free_port(ip)),
+            client_url,
+            admin_url,
             peer_url: format!("http://{ip}:{}", free_port(ip)),
             data_dir: self.dir.path().join(name),
             child: None,
@@ -262,7 +310,12 @@ impl EtcdCluster {
             .args(["--name", &p.name])
             .arg("--data-dir")
             .arg(&p.data_dir)
-            .args(["--listen-client-urls", &p.client_url])
+            .arg("--listen-client-urls")
+            .arg(if p.admin_url == p.client_url {
+                p.client_url.clone()
+            } else {
+                format!("{},{}", p.client_url, p.admin_url)
+            })
             .args(["--advertise-client-urls", &p.client_url])
             .args(["--listen-peer-urls", &p.peer_url])
             .args(["--initial-advertise-peer-urls", &p.peer_url])
@@ -292,10 +345,20 @@ impl EtcdCluster {
         self.members.lock().await.contains_key(&ip)
     }
 
+    /// The harness's own plain-HTTP URLs of the members started so far.
+    async fn admin_urls(&self) -> Vec<String> {
+        self.members
+            .lock()
+            .await
+            .values()
+            .map(|p| p.admin_url.clone())
+            .collect()
+    }
+
     /// The member list, from the first member that answers.
     pub async fn list(&self) -> Result<Vec<Listed>, String> {
         let mut failures = Vec::new();
-        for url in self.client_urls().await {
+        for url in self.admin_urls().await {
             match post(
                 &format!("{url}/v3/cluster/member/list"),
                 json!({"linearizable": true}),
@@ -316,7 +379,7 @@ impl EtcdCluster {
         let mut p = self.plan(name, ip);
         let mut failures = Vec::new();
         let mut answer = None;
-        for url in self.client_urls().await {
+        for url in self.admin_urls().await {
             match post(
                 &format!("{url}/v3/cluster/member/add"),
                 json!({"peerURLs": [p.peer_url]}),

@@ -35,6 +35,7 @@ pub mod replicas;
 pub mod rollout;
 pub mod sim;
 pub mod sip;
+pub mod upgrade_agent;
 
 mod cluster;
 mod env;

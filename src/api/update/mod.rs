@@ -63,6 +63,12 @@ pub mod reason {
     pub const REPLACING_NODES: &str = "ReplacingNodes";
     /// Progressing=True: worker groups wait for the control plane to be up to date.
     pub const WAITING_FOR_CONTROL_PLANE: &str = "WaitingForControlPlane";
+    /// Progressing=True: the upgrade-agent upgrades the control plane to
+    /// `kubernetesClusterVersion`; nodes are replaced after it.
+    pub const UPGRADING_CONTROL_PLANE: &str = "UpgradingControlPlane";
+    /// Degraded=True: the upgrade-agent failed to upgrade the control plane
+    /// (tried again after a minute; nodes wait).
+    pub const CONTROL_PLANE_UPGRADE_FAILED: &str = "ControlPlaneUpgradeFailed";
     /// Progressing=True: waiting for the cloud group to boot the new image.
     pub const WAITING_FOR_SCALING_GROUP: &str = "WaitingForScalingGroup";
     /// Progressing=False: every node is up to date.

@@ -18,7 +18,7 @@ use super::decide::{
 };
 use super::gather::Scope;
 use super::{NodeVersionReconciler, drain_name};
-use crate::api::node_maintenance::medik8s;
+use crate::api::node_maintenance::{DRAIN_FOR_LABEL, DRAIN_FOR_ROLLOUT, medik8s};
 use crate::api::update::annotations::{OBSOLETE_ANNOTATION, PAUSED_BY_ANNOTATION};
 use crate::api::update::{AutoscalingStrategy, NodeVersion, PendingNode, PendingNodeGoal, PendingNodeSpec};
 use crate::cloud::CreateNodeRequest;
@@ -239,11 +239,8 @@ impl NodeVersionReconciler {
 
     /// Drains `node` through a NodeMaintenance of its own (created once).
     async fn drain(&self, nv: &NodeVersion, node: &str, found: Option<&Node>) -> Result<()> {
-        if self
-            .maintenances
-            .get(&ObjectKey::cluster(&drain_name(node)))
-            .is_some()
-        {
+        let own = || self.maintenances.get(&ObjectKey::cluster(&drain_name(node)));
+        if found.map_or_else(|| own().is_some(), |n| self.drain_of(n).is_some()) {
             return Ok(());
         }
         // The drain's pod list starts now, while the maintenance is written
@@ -253,11 +250,14 @@ impl NodeVersionReconciler {
         if let Some(timeout) = &self.rollout(nv).drain_timeout {
             spec["drainTimeout"] = json!(timeout);
         }
+        // The NodeVersion's labels: an operator scoped by an object selector
+        // sees the maintenances its rollouts create. The webhook judges a
+        // rollout's drain by its own rule (the label).
+        let mut labels = nv.labels().clone();
+        labels.insert(DRAIN_FOR_LABEL.into(), DRAIN_FOR_ROLLOUT.into());
         let mut metadata = json!({
             "name": drain_name(node),
-            // The NodeVersion's labels: an operator scoped by an object
-            // selector sees the maintenances its rollouts create.
-            "labels": nv.labels(),
+            "labels": labels,
             "annotations": drain_annotations(found),
             // What the maintenance controller would write first (two writes
             // and a watch event less before the drain starts).

@@ -71,7 +71,7 @@ pub(super) fn node_facts(
     nv: &NodeVersion,
     scope: &Scope,
     joins: &Joins,
-    drain: impl Fn(&str) -> DrainState,
+    drain: impl Fn(&Node) -> DrainState,
 ) -> Vec<NodeFacts> {
     let exists = |name: &str| scope.nodes.iter().any(|n| n.name_any() == name);
     scope
@@ -95,7 +95,7 @@ pub(super) fn node_facts(
                 donor_to: annotation(n, HEIR_ANNOTATION)
                     .filter(|h| exists(h))
                     .map(str::to_string),
-                drain: drain(&name),
+                drain: drain(n),
                 joining: joins.joining.contains(&name),
                 obsolete: annotation(n, OBSOLETE_ANNOTATION).is_some() || joins.surplus.contains(&name),
                 name,

@@ -12,8 +12,8 @@ use serde_json::json;
 
 use super::status::Problems;
 use super::{NodeVersionReconciler, drain_name};
-use crate::api::node_maintenance::MaintenancePhase;
-use crate::api::update::annotations::{GROUP_ANNOTATION, IMAGE_ANNOTATION};
+use crate::api::node_maintenance::{MaintenancePhase, medik8s};
+use crate::api::update::annotations::{GROUP_ANNOTATION, HEIR_ANNOTATION, IMAGE_ANNOTATION};
 use crate::api::update::{NodeVersion, PendingNode, PendingNodeGoal, Rollout};
 use crate::controllers::pending_node::{CREATED_IMAGE_ANNOTATION, JOIN_TIMED_OUT_ANNOTATION};
 use crate::error::Result;
@@ -23,6 +23,12 @@ use crate::runtime::store::ObjectKey;
 /// The value of `node`'s annotation `key`.
 pub(super) fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
     node.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// Whether `m` is a drain Constellation's operator made for a donor: named
+/// as the node it drains, and not on its way out.
+pub(super) fn is_upstreams_drain(m: &medik8s::NodeMaintenance) -> bool {
+    m.name_any() == m.spec.node_name && m.metadata.deletion_timestamp.is_none()
 }
 
 /// The groups following one NodeVersion, with their nodes and PendingNodes.
@@ -147,6 +153,7 @@ impl NodeVersionReconciler {
                 .collect(),
             invalid_nodes: self.invalid_nodes(),
             etcd_waits,
+            control_plane_failed: None,
         }
     }
 
@@ -180,9 +187,25 @@ impl NodeVersionReconciler {
         nv.spec.rollout_in_force(&self.rollout_defaults)
     }
 
+    /// The NodeMaintenance that drains `node` for the rollout: nodewarden's
+    /// own (`nodewarden-replace-<node>`), or, for a donor, the one
+    /// Constellation's operator creates for a node it replaces (named as the
+    /// node). A switch mid-rollout leaves one: it is adopted as the donor's
+    /// drain, not refused as a second maintenance of the node.
+    pub(super) fn drain_of(&self, node: &Node) -> Option<Arc<medik8s::NodeMaintenance>> {
+        let name = node.name_any();
+        if let Some(own) = self.maintenances.get(&ObjectKey::cluster(&drain_name(&name))) {
+            return Some(own);
+        }
+        annotation(node, HEIR_ANNOTATION)?;
+        self.maintenances
+            .get(&ObjectKey::cluster(&name))
+            .filter(|m| is_upstreams_drain(m))
+    }
+
     /// Where the rollout's drain of `node` stands.
-    pub(super) fn drain_state(&self, node: &str) -> DrainState {
-        match self.maintenances.get(&ObjectKey::cluster(&drain_name(node))) {
+    pub(super) fn drain_state(&self, node: &Node) -> DrainState {
+        match self.drain_of(node) {
             None => DrainState::None,
             Some(m) => match m.status.as_ref().and_then(|s| s.phase) {
                 None | Some(MaintenancePhase::Running) => DrainState::Running,

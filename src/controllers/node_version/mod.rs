@@ -18,7 +18,9 @@
 //! the rollout's trace.
 
 mod act;
+mod control_plane;
 mod decide;
+mod etcd_reach;
 mod gather;
 pub mod metrics;
 mod report;
@@ -45,7 +47,7 @@ pub use crate::api::update::annotations::{
 use crate::api::update::{AutoscalingStrategy, NodeVersion, PendingNode, Rollout, ScalingGroup, reason};
 use crate::cloud::CloudProvider;
 use crate::error::{Error, Result};
-use crate::etcd::EtcdClient;
+use crate::etcd::EtcdSetup;
 use crate::rollout;
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
@@ -79,7 +81,7 @@ pub fn register(manager: &mut Manager, app: &App) {
     let groups = c.watches(&app.objects, always(), move |_: &ScalingGroup| every());
     let every = all;
     let maintenances = c.watches(&app.objects, always(), move |m: &medik8s::NodeMaintenance| {
-        if m.name_any().starts_with(DRAIN_PREFIX) {
+        if m.name_any().starts_with(DRAIN_PREFIX) || m.name_any() == m.spec.node_name {
             every()
         } else {
             Vec::new()
@@ -110,6 +112,8 @@ pub fn register(manager: &mut Manager, app: &App) {
         rollout_defaults: app.rollout.clone(),
         etcd: app.etcd.clone(),
         etcd_turn: Default::default(),
+        upgrade_agent: app.upgrade_agent.clone(),
+        control_plane_runs: Default::default(),
     });
 }
 
@@ -152,12 +156,16 @@ pub struct NodeVersionReconciler {
     pub object_source: Source,
     /// The rollout settings a NodeVersion that leaves a field out gets.
     pub rollout_defaults: Rollout,
-    /// etcd, whose member a control-plane node loses before it is
-    /// retired; None: etcd is not nodewarden's to touch.
-    pub etcd: Option<Arc<EtcdClient>>,
+    /// etcd, whose member a control-plane node loses before it is retired.
+    pub etcd: EtcdSetup,
     /// One member removal at a time: each is judged on a member list that
     /// another in flight would change.
     pub etcd_turn: tokio::sync::Mutex<()>,
+    /// Constellation's upgrade-agent, which upgrades the control plane in
+    /// place (None: not mounted; Kubernetes versions come with new nodes only).
+    pub upgrade_agent: Option<crate::upgrade_agent::AgentClient>,
+    /// This replica's control-plane upgrades, by NodeVersion.
+    pub control_plane_runs: Arc<control_plane::Runs>,
 }
 
 /// How soon a retirement waiting for etcd looks again: etcd's health is
@@ -194,6 +202,7 @@ impl NodeVersionReconciler {
     async fn roll_out(&self, nv: &Arc<NodeVersion>) -> Result<Action> {
         // Gather: the stores, the cloud for what nodes lack (a node it was
         // asked about is in scope as written), and the joins settled.
+        let control_plane = self.upgrade_control_plane(nv).await?;
         let annotated = self.annotate_unknown_nodes().await?;
         let scope = self.scope(nv, annotated);
         let joins = self.settle_joins(nv, &scope).await?;
@@ -201,7 +210,11 @@ impl NodeVersionReconciler {
         let node_facts = decide::node_facts(nv, &scope, &joins, |node| self.drain_state(node));
         let in_force = self.rollout(nv);
         let facts = decide::facts(&in_force, &scope, &node_facts, &joins);
-        let steps = rollout::plan(&facts);
+        // Nodes wait while the control plane is upgraded in place.
+        let steps = match control_plane.hold {
+            true => Vec::new(),
+            false => rollout::plan(&facts),
+        };
         let counts = rollout::counts(&facts);
         // Act, within the rollout's trace (its replacements link to it). The
         // metrics come before the autoscaler's pause: a pause that fails
@@ -212,18 +225,22 @@ impl NodeVersionReconciler {
         self.pause_autoscaling(&nv.name_any(), counts.outdated > 0)
             .await?;
         // Report.
-        let problems = self.problems(&scope, etcd_waits);
+        let mut problems = self.problems(&scope, etcd_waits);
+        problems.control_plane_failed = control_plane.failed.clone();
         let pass = status::Pass {
             facts: &facts,
             counts: &counts,
             steps: &steps,
             problems: &problems,
+            control_plane: &control_plane,
         };
         self.write_status(nv, &pass).await?;
-        if problems.etcd_waits.is_empty() {
-            Ok(Action::Done)
-        } else {
-            Ok(Action::RequeueAfter(ETCD_RECHECK))
-        }
+        let etcd_recheck = (!problems.etcd_waits.is_empty()).then_some(ETCD_RECHECK);
+        Ok(
+            match etcd_recheck.into_iter().chain(control_plane.recheck).min() {
+                Some(after) => Action::RequeueAfter(after),
+                None => Action::Done,
+            },
+        )
     }
 }

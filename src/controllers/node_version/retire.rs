@@ -14,6 +14,7 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, ObjectMeta, PostPara
 use kube::runtime::events::EventType;
 
 use super::NodeVersionReconciler;
+use super::etcd_reach::Reach;
 use super::gather::annotation;
 use crate::api::update::annotations::{GROUP_ANNOTATION, HEIR_ANNOTATION, IMAGE_ANNOTATION};
 use crate::api::update::{NodeVersion, PendingNode, PendingNodeGoal, PendingNodeSpec};
@@ -30,10 +31,10 @@ use crate::telemetry::trace::{self, TraceParent};
 const LEAVE_DEADLINE_SECS: i64 = 600;
 
 /// The label kubeadm puts on control-plane nodes.
-const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+pub(super) const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 
 /// The node's InternalIP, which its etcd member's peer URL carries.
-fn internal_ip(node: &Node) -> Option<IpAddr> {
+pub(super) fn internal_ip(node: &Node) -> Option<IpAddr> {
     node.status
         .as_ref()?
         .addresses
@@ -122,13 +123,15 @@ impl NodeVersionReconciler {
         n: &Node,
         replacement: Option<&(TraceParent, Option<SystemTime>)>,
     ) -> Result<Option<String>> {
-        let Some(etcd) = &self.etcd else {
-            return Ok(None);
-        };
         let group = annotation(n, GROUP_ANNOTATION).unwrap_or_default();
         if !n.labels().contains_key(CONTROL_PLANE_LABEL) && self.role_of(group) != "control-plane" {
             return Ok(None);
         }
+        let (etcd, found) = match self.reach_etcd(nv, n).await? {
+            Reach::NoMember => return Ok(None),
+            Reach::Wait(why) => return Ok(Some(why)),
+            Reach::Client { client, found } => (client, found),
+        };
         let node = n.name_any();
         let (ip, heir) = match self.peer_ips(nv, n).await? {
             Ok(ips) => ips,
@@ -136,7 +139,15 @@ impl NodeVersionReconciler {
         };
         let _turn = self.etcd_turn.lock().await;
         let started = SystemTime::now();
-        let members = etcd.members().await?;
+        let members = match (etcd.members().await, &found) {
+            (Ok(members), _) => members,
+            // Found, not given: a stacked member nodewarden cannot reach
+            // holds the node with what to set.
+            (Err(e), Some(found)) => {
+                return Ok(Some(self.hold_unreachable(nv, &node, found, &e.to_string())));
+            }
+            (Err(e), None) => return Err(e.into()),
+        };
         let health = etcd.health_of(&to_check(ip, &members)).await;
         let (member, outcome) = match decide(ip, heir, &members, &health) {
             Decision::Wait(blocked) => {

@@ -29,6 +29,8 @@ pub struct Problems {
     /// Control-plane retirements waiting for their etcd member's removal:
     /// why, naming the members.
     pub etcd_waits: Vec<String>,
+    /// Why the control plane's upgrade (upgrade-agent) failed.
+    pub control_plane_failed: Option<String>,
 }
 
 /// What a pass found and planned, as its status reports it.
@@ -41,6 +43,8 @@ pub(super) struct Pass<'a> {
     pub(super) steps: &'a [Step],
     /// What is wrong besides drains.
     pub(super) problems: &'a Problems,
+    /// The control plane's in-place upgrade.
+    pub(super) control_plane: &'a super::control_plane::ControlPlane,
 }
 
 /// The status after `pass`, built on `base` (the status last written): its
@@ -56,6 +60,9 @@ pub(super) fn next_status(
     let (facts, counts) = (pass.facts, pass.counts);
     let mut status = base.clone();
     set_lists(&mut status, pass);
+    if let Some(active) = pass.control_plane.active {
+        status.active_cluster_version_upgrade = active;
+    }
     status.budget = u32::try_from(facts.max_surge.saturating_sub(counts.surge)).unwrap_or(0);
     status.set_counts(NodeCounts {
         nodes: counts.nodes as u32,
@@ -67,10 +74,7 @@ pub(super) fn next_status(
     status.conditions = outdated_condition(&status.conditions, counts, generation, now);
     status.rollout_conditions = rollout_conditions(
         std::mem::take(&mut status.rollout_conditions),
-        facts,
-        counts,
-        pass.steps,
-        pass.problems,
+        pass,
         generation,
         now,
     );
@@ -244,18 +248,22 @@ fn settings_condition(
 /// Progressing and Degraded as the counts, the plan and the problems say (pure).
 fn rollout_conditions(
     mut conditions: Vec<Condition>,
-    facts: &Facts<'_>,
-    counts: &rollout::Counts,
-    steps: &[Step],
-    problems: &Problems,
+    pass: &Pass<'_>,
     generation: Option<i64>,
     now: Timestamp,
 ) -> Vec<Condition> {
+    let (facts, counts, steps, problems) = (pass.facts, pass.counts, pass.steps, pass.problems);
+    // Nodes wait while the agent upgrades the control plane (a failure is
+    // Degraded, and says so there).
+    let control_plane_hold = pass.control_plane.hold && pass.control_plane.failed.is_none();
     set_condition(
         &mut conditions,
         condition::PROGRESSING,
         counts.outdated > 0,
-        progressing_reason(facts, counts, steps),
+        match control_plane_hold {
+            true => reason::UPGRADING_CONTROL_PLANE,
+            false => progressing_reason(facts, counts, steps),
+        },
         format!(
             "{} of {} nodes outdated, {} in flight",
             counts.outdated,
@@ -318,6 +326,12 @@ fn degradations(facts: &Facts<'_>, problems: &Problems) -> Vec<(&'static str, St
         v.iter().map(String::as_str).collect()
     }
     let mut found: Vec<(&str, String)> = Vec::new();
+    if let Some(why) = &problems.control_plane_failed {
+        found.push((
+            reason::CONTROL_PLANE_UPGRADE_FAILED,
+            format!("upgrading the control plane (nodes wait for it): {why}"),
+        ));
+    }
     if !problems.etcd_waits.is_empty() {
         found.push((
             reason::ETCD_MEMBER_REMOVAL_BLOCKED,
@@ -410,14 +424,27 @@ mod tests {
             ..Default::default()
         };
         let none = Problems::default();
-        // (what, nodes, control-plane first, problems, Progressing reason, Degraded reason)
-        type Case<'a> = (&'a str, &'a [NodeFacts], bool, &'a Problems, &'a str, &'a str);
-        let cases: [Case; 8] = [
+        let cp_failed = Problems {
+            control_plane_failed: Some("kubeadm upgrade apply failed".into()),
+            ..Default::default()
+        };
+        // (what, nodes, control-plane first, problems, control plane upgrading, Progressing reason, Degraded reason)
+        type Case<'a> = (
+            &'a str,
+            &'a [NodeFacts],
+            bool,
+            &'a Problems,
+            bool,
+            &'a str,
+            &'a str,
+        );
+        let cases: [Case; 10] = [
             (
                 "complete",
                 &all_current,
                 true,
                 &none,
+                false,
                 reason::ROLLOUT_COMPLETE,
                 reason::AS_EXPECTED,
             ),
@@ -426,6 +453,7 @@ mod tests {
                 &cp_outdated,
                 true,
                 &none,
+                false,
                 reason::WAITING_FOR_CONTROL_PLANE,
                 reason::AS_EXPECTED,
             ),
@@ -434,6 +462,7 @@ mod tests {
                 &cp_outdated,
                 false,
                 &none,
+                false,
                 reason::REPLACING_NODES,
                 reason::AS_EXPECTED,
             ),
@@ -442,6 +471,7 @@ mod tests {
                 &workers_outdated,
                 true,
                 &none,
+                false,
                 reason::REPLACING_NODES,
                 reason::AS_EXPECTED,
             ),
@@ -450,6 +480,7 @@ mod tests {
                 &drain_failed,
                 true,
                 &none,
+                false,
                 reason::REPLACING_NODES,
                 reason::DRAIN_TIMEOUT,
             ),
@@ -458,6 +489,7 @@ mod tests {
                 &workers_outdated,
                 true,
                 &timeouts,
+                false,
                 reason::REPLACING_NODES,
                 reason::JOIN_TIMEOUT,
             ),
@@ -466,6 +498,7 @@ mod tests {
                 &all_current,
                 true,
                 &invalid,
+                false,
                 reason::ROLLOUT_COMPLETE,
                 reason::INVALID_NODES,
             ),
@@ -475,11 +508,30 @@ mod tests {
                 &cp_outdated,
                 true,
                 &etcd,
+                false,
                 reason::WAITING_FOR_CONTROL_PLANE,
                 reason::ETCD_MEMBER_REMOVAL_BLOCKED,
             ),
+            (
+                "the control plane upgraded in place",
+                &cp_outdated,
+                true,
+                &none,
+                true,
+                reason::UPGRADING_CONTROL_PLANE,
+                reason::AS_EXPECTED,
+            ),
+            (
+                "the control plane's upgrade failed",
+                &cp_outdated,
+                true,
+                &cp_failed,
+                false,
+                reason::WAITING_FOR_CONTROL_PLANE,
+                reason::CONTROL_PLANE_UPGRADE_FAILED,
+            ),
         ];
-        for (what, nodes, cp_first, problems, progressing, degraded) in cases {
+        for (what, nodes, cp_first, problems, hold, progressing, degraded) in cases {
             let facts = Facts {
                 groups: &groups,
                 nodes,
@@ -490,15 +542,18 @@ mod tests {
             };
             let counts = rollout::counts(&facts);
             let steps = rollout::plan(&facts);
-            let got = rollout_conditions(
-                Vec::new(),
-                &facts,
-                &counts,
-                &steps,
+            let control_plane = super::super::control_plane::ControlPlane {
+                hold,
+                ..Default::default()
+            };
+            let pass = Pass {
+                facts: &facts,
+                counts: &counts,
+                steps: &steps,
                 problems,
-                Some(3),
-                Timestamp::now(),
-            );
+                control_plane: &control_plane,
+            };
+            let got = rollout_conditions(Vec::new(), &pass, Some(3), Timestamp::now());
             let got = reasons(&got);
             assert_eq!(got[condition::PROGRESSING].1, progressing, "{what}");
             assert_eq!(got[condition::DEGRADED].1, degraded, "{what}");

@@ -15,7 +15,7 @@ use kube::runtime::events::EventType;
 use super::decide::cordoned_by_upstream;
 use super::gather::job_state;
 use super::{PlanReconciler, Target, maintenance_name, owner};
-use crate::api::node_maintenance::medik8s;
+use crate::api::node_maintenance::{DRAIN_FOR_LABEL, DRAIN_FOR_PLAN, medik8s};
 use crate::api::plan::{Plan, node_label};
 use crate::controllers::{delete_if_present, same_object};
 use crate::drain::kubectl::{self, KubectlDrain};
@@ -23,7 +23,9 @@ use crate::drain::node::Quarantine;
 use crate::error::{Error, Result};
 use crate::runtime::store::ObjectKey;
 use crate::telemetry::trace::TRACEPARENT_ANNOTATION;
-use crate::upgrade::job::{JobNode, inherited_labels, job_name, prepare_job, prepare_job_name, upgrade_job};
+use crate::upgrade::job::{
+    JobNode, inherited_labels, job_name, prepare_job, prepare_job_name, stamp_template_digest, upgrade_job,
+};
 use crate::upgrade::labels;
 use crate::upgrade::schedule::{JobState, Step};
 
@@ -41,6 +43,7 @@ impl PlanReconciler {
             Step::CreateJob => self.create_job(plan, node, target).await,
             Step::Prepare => self.create_prepare_job(plan, node, target).await,
             Step::RetryPrepare => self.retry_prepare(plan, node, target).await,
+            Step::RetryJob => self.retry_job(plan, node, target).await,
             Step::Label => self.label(plan, node, target).await,
             Step::Release => self.release(plan, node, &target.hash).await,
         }
@@ -49,6 +52,8 @@ impl PlanReconciler {
     async fn create_maintenance(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
         let mut labels = inherited_labels(plan);
         labels.insert(labels::PLAN.into(), plan.name_any());
+        // The webhook judges a Plan's drain by its own rule (the label).
+        labels.insert(DRAIN_FOR_LABEL.into(), DRAIN_FOR_PLAN.into());
         labels.insert(
             labels::PLAN_NAMESPACE.into(),
             plan.namespace().unwrap_or_default(),
@@ -140,13 +145,15 @@ impl PlanReconciler {
         let Some(current) = self.ctx.nodes.get(&ObjectKey::cluster(node)) else {
             return Ok(());
         };
-        let job = upgrade_job(
+        let mut job = upgrade_job(
             plan,
             &JobNode::of(&current),
             &target.version,
             &target.hash,
             &self.ctx.config.jobs,
         );
+        // What it runs, so an edit of the plan after a failure is seen.
+        stamp_template_digest(&mut job);
         self.create_job_once(plan, job, format!("upgrades node {node}"))
             .await
     }
@@ -201,6 +208,27 @@ impl PlanReconciler {
         if let JobState::Failed(why) = job_state(&job, node) {
             self.event(plan, EventType::Warning, "JobFailed", format!("{why}; retrying"));
         }
+        let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
+        delete_if_present(&api, &name, &background_deletion(&job)).await?;
+        Ok(())
+    }
+
+    /// A failed Job made from an earlier spec of the plan is deleted; the
+    /// next pass makes it with the edit, at once, where waiting for its TTL
+    /// would keep the plan failed for minutes (upstream's apply replaces a
+    /// Job whose spec changed).
+    async fn retry_job(&self, plan: &Plan, node: &str, target: &Target) -> Result<()> {
+        let ns = plan.namespace().unwrap_or_default();
+        let name = job_name(&plan.name_any(), node, &target.hash);
+        let Some(job) = self.ctx.jobs.get(&ObjectKey::new(Some(&ns), &name)) else {
+            return Ok(());
+        };
+        self.event(
+            plan,
+            EventType::Normal,
+            "SyncJob",
+            format!("Job {name} failed and the plan changed since: made again with the change"),
+        );
         let api: Api<Job> = Api::namespaced(self.ctx.client.clone(), &ns);
         delete_if_present(&api, &name, &background_deletion(&job)).await?;
         Ok(())

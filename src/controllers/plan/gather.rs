@@ -12,14 +12,17 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use super::decide::{cordoned_by_upstream, drain_timeout, maintenance_state, selects};
-use super::{Applying, PlanReconciler, maintenance_name, owner, plan_key, plan_of};
+use super::{Applying, PlanReconciler, Target, maintenance_name, owner, plan_key, plan_of};
 use crate::api::node_maintenance::medik8s;
 use crate::api::plan::{Plan, node_label};
 use crate::drain::node::recorded_changes;
 use crate::error::Result;
 use crate::node::node_is_ready;
 use crate::runtime::store::ObjectKey;
-use crate::upgrade::job::{HOSTNAME_LABEL, STEP_LABEL, job_name, parse_go_duration, prepare_job_name};
+use crate::upgrade::job::{
+    HOSTNAME_LABEL, JobNode, STEP_LABEL, job_name, made_from_another_template, parse_go_duration,
+    prepare_job_name, upgrade_job,
+};
 use crate::upgrade::schedule::{self, Candidate, JobState, Maintenance, NodeFacts};
 use crate::upgrade::tally::{Basis, Mark, Tally};
 use crate::upgrade::window::Window;
@@ -133,7 +136,8 @@ impl PlanReconciler {
     }
 
     /// What the cluster shows about one applying node.
-    pub(super) fn node_facts(&self, plan: &Plan, name: &str, hash: &str, now: Timestamp) -> NodeFacts {
+    pub(super) fn node_facts(&self, plan: &Plan, name: &str, target: &Target, now: Timestamp) -> NodeFacts {
+        let hash = target.hash.as_str();
         let node = self.ctx.nodes.get(&ObjectKey::cluster(name));
         let plan_name = plan.name_any();
         let ns = plan.namespace().unwrap_or_default();
@@ -187,11 +191,29 @@ impl PlanReconciler {
             maintenance,
             cordoned_by_plan,
             held_by,
+            job_outdated: matches!(job, JobState::Failed(_))
+                && job_object
+                    .as_deref()
+                    .zip(node.as_deref())
+                    .is_some_and(|(j, n)| self.made_from_an_earlier_spec(plan, j, n, target)),
             job,
             prepare_job,
             earlier_job_running,
             remnants,
         }
+    }
+
+    /// Whether `job`, node `n`'s Job at the target, was made from an earlier
+    /// spec of `plan` (only asked of failed Jobs: a Job is built for it).
+    fn made_from_an_earlier_spec(&self, plan: &Plan, job: &Job, n: &Node, target: &Target) -> bool {
+        let wanted = upgrade_job(
+            plan,
+            &JobNode::of(n),
+            &target.version,
+            &target.hash,
+            &self.ctx.config.jobs,
+        );
+        made_from_another_template(job, &wanted)
     }
 
     /// The nodes due on the plan's tally and not applying yet, as the

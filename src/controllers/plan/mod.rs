@@ -297,7 +297,7 @@ impl PlanReconciler {
             .applying
             .iter()
             .map(|name| {
-                let facts = self.node_facts(plan, name, &target.hash, now);
+                let facts = self.node_facts(plan, name, target, now);
                 let record = status.nodes.iter().find(|r| &r.name == name);
                 let decision = schedule::decide_node(
                     decide::prep_of(plan),

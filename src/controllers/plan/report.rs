@@ -26,7 +26,9 @@ use crate::upgrade::schedule::{self, Phase};
 use crate::upgrade::tally::Tally;
 
 /// Validated and LatestResolved: what admission could not check, and the
-/// version the plan aims at.
+/// version the plan aims at (in `status.latestVersion`). As upstream's, a
+/// healthy condition has no message: `kubectl get plans` prints the first
+/// message there is, which must be a failure's.
 pub(super) fn checks(
     status: &mut PlanStatus,
     generation: Option<i64>,
@@ -36,27 +38,11 @@ pub(super) fn checks(
 ) {
     let cs = &mut status.conditions;
     match validated {
-        Ok(_) => set_condition(
-            cs,
-            "Validated",
-            true,
-            "PlanIsValid",
-            "the plan is valid",
-            generation,
-            now,
-        ),
+        Ok(_) => set_condition(cs, "Validated", true, "PlanIsValid", "", generation, now),
         Err(e) => set_condition(cs, "Validated", false, "Error", e.clone(), generation, now),
     }
     match resolved {
-        Ok((v, how)) => set_condition(
-            cs,
-            "LatestResolved",
-            true,
-            how,
-            format!("version {v}"),
-            generation,
-            now,
-        ),
+        Ok((_, how)) => set_condition(cs, "LatestResolved", true, how, "", generation, now),
         Err(e) => set_condition(cs, "LatestResolved", false, "Error", e.clone(), generation, now),
     }
 }
@@ -348,6 +334,8 @@ fn records(
 }
 
 /// Complete: True once every selected node is on the hash and none applies.
+/// Only what is wrong or waiting carries a message (see [`checks`]); the
+/// progress is in `status.progress` and `status.nodes`.
 fn complete_condition(status: &mut PlanStatus, generation: Option<i64>, round: &Round, now: Timestamp) {
     let (upgraded, selected) = (round.upgraded, round.selected);
     let (ok, reason, message) = if let Some(f) = round.kept.iter().find(|a| a.decision.phase == Phase::Failed)
@@ -355,16 +343,7 @@ fn complete_condition(status: &mut PlanStatus, generation: Option<i64>, round: &
         let reason = failure_of(&f.decision.message).as_str();
         (false, reason, format!("node {}: {}", f.name, f.decision.message))
     } else if !round.kept.is_empty() || !status.applying.is_empty() {
-        let nodes: Vec<String> = status
-            .nodes
-            .iter()
-            .map(|r| format!("{} {} ({})", r.name, r.phase, r.message))
-            .collect();
-        (
-            false,
-            "SyncJob",
-            format!("{upgraded}/{selected} upgraded; {}", nodes.join("; ")),
-        )
+        (false, "SyncJob", String::new())
     } else if upgraded < selected {
         let why = round
             .blocked
@@ -372,11 +351,7 @@ fn complete_condition(status: &mut PlanStatus, generation: Option<i64>, round: &
             .unwrap_or("waiting for nodes to be Ready");
         (false, "Waiting", format!("{upgraded}/{selected} upgraded; {why}"))
     } else {
-        (
-            true,
-            "Complete",
-            format!("all {selected} selected nodes upgraded"),
-        )
+        (true, "Complete", String::new())
     };
     set_condition(
         &mut status.conditions,

@@ -1,0 +1,101 @@
+//! Which etcd a control-plane node's retirement talks to: the endpoints
+//! given, or etcd found on the control plane as Constellation finds it (the
+//! control-plane nodes' InternalIPs, the control plane's certificates), for
+//! a node that runs a member. Where that member cannot be reached, the
+//! retirement waits with what to set: never a node retired with its member.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+
+use super::NodeVersionReconciler;
+use super::retire::{CONTROL_PLANE_LABEL, internal_ip};
+use crate::api::update::NodeVersion;
+use crate::error::Result;
+use crate::etcd::access::unreachable_advice;
+use crate::etcd::placement::{EtcdPlacement, EtcdPod, etcd_members, static_etcd_pods};
+use crate::etcd::{Discovery, EtcdClient, EtcdSetup};
+
+/// How a retirement reaches the node's etcd member.
+pub(super) enum Reach {
+    /// The node runs no member (external etcd): nothing to remove.
+    NoMember,
+    /// Through this client. `found`: how the member was found on the node,
+    /// when etcd was found rather than given (then a failure to reach it
+    /// holds the retirement with advice rather than failing the pass).
+    Client {
+        client: Arc<EtcdClient>,
+        found: Option<String>,
+    },
+    /// Not now: why (already reported).
+    Wait(String),
+}
+
+impl NodeVersionReconciler {
+    /// How the retirement of control-plane node `n` reaches its member.
+    pub(super) async fn reach_etcd(&self, nv: &NodeVersion, n: &Node) -> Result<Reach> {
+        match &self.etcd {
+            EtcdSetup::External => Ok(Reach::NoMember),
+            EtcdSetup::Endpoints(client) => Ok(Reach::Client {
+                client: client.clone(),
+                found: None,
+            }),
+            EtcdSetup::Discover(discovery) => self.discover_etcd(nv, n, discovery).await,
+        }
+    }
+
+    /// etcd on the control plane: `n`'s member as its static pod (or the
+    /// placement) says, reached on the managed control-plane nodes'
+    /// InternalIPs, read fresh (the store keeps no addresses).
+    async fn discover_etcd(&self, nv: &NodeVersion, n: &Node, discovery: &Discovery) -> Result<Reach> {
+        let node = n.name_any();
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let control_plane: Vec<Node> = nodes
+            .list(&self.node_source.list_params())
+            .await?
+            .items
+            .into_iter()
+            .filter(|c| c.labels().contains_key(CONTROL_PLANE_LABEL) || c.name_any() == node)
+            .collect();
+        let names: BTreeSet<String> = control_plane.iter().map(|c| c.name_any()).collect();
+        let pods = self.etcd_pods(discovery.placement).await?;
+        let Some(found) = etcd_members(discovery.placement, &names, &pods).remove(&node) else {
+            return Ok(Reach::NoMember);
+        };
+        let ips: Vec<_> = control_plane.iter().filter_map(internal_ip).collect();
+        match discovery.client(&ips) {
+            Ok(client) => Ok(Reach::Client {
+                client: Arc::new(client),
+                found: Some(found),
+            }),
+            Err(e) => Ok(Reach::Wait(self.hold_unreachable(
+                nv,
+                &node,
+                &found,
+                &e.to_string(),
+            ))),
+        }
+    }
+
+    /// The static etcd pods, where they decide (one LIST of kube-system by label).
+    async fn etcd_pods(&self, placement: EtcdPlacement) -> Result<Vec<EtcdPod>> {
+        if placement != EtcdPlacement::Detect {
+            return Ok(Vec::new());
+        }
+        Ok(static_etcd_pods(&self.client).await?)
+    }
+
+    /// Reports that `node`'s member (known by `found`) cannot be reached
+    /// (`why`): a Warning Event with what to set; returns the message the
+    /// Degraded condition carries.
+    pub(super) fn hold_unreachable(&self, nv: &NodeVersion, node: &str, found: &str, why: &str) -> String {
+        let advice = unreachable_advice(node, found, why);
+        tracing::warn!(%node, %why, "etcd cannot be reached: the control-plane node is not retired");
+        self.event(nv, EventType::Warning, "EtcdUnreachable", advice.clone());
+        advice
+    }
+}
