@@ -54,13 +54,19 @@ impl NodeVersionReconciler {
     async fn discover_etcd(&self, nv: &NodeVersion, n: &Node, discovery: &Discovery) -> Result<Reach> {
         let node = n.name_any();
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let control_plane: Vec<Node> = nodes
-            .list(&self.node_source.list_params())
-            .await?
-            .items
-            .into_iter()
-            .filter(|c| c.labels().contains_key(CONTROL_PLANE_LABEL) || c.name_any() == node)
-            .collect();
+        // The control plane only (looked at again every few seconds while a
+        // retirement waits), and the node itself if its role is only its group's.
+        let mut params = self.node_source.list_params();
+        params.label_selector = Some(match params.label_selector.take() {
+            Some(selector) => format!("{selector},{CONTROL_PLANE_LABEL}"),
+            None => CONTROL_PLANE_LABEL.to_string(),
+        });
+        let mut control_plane: Vec<Node> = nodes.list(&params).await?.items;
+        if !control_plane.iter().any(|c| c.name_any() == node)
+            && let Some(itself) = nodes.get_opt(&node).await?
+        {
+            control_plane.push(itself);
+        }
         let names: BTreeSet<String> = control_plane.iter().map(|c| c.name_any()).collect();
         let pods = self.etcd_pods(discovery.placement).await?;
         let Some(found) = etcd_members(discovery.placement, &names, &pods).remove(&node) else {
