@@ -121,55 +121,55 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
         ),
     ),
     (
-        "controllers/node_maintenance.rs",
-        "report",
-        ".patch_status(",
-        ResourceVersion,
-    ),
-    (
-        "controllers/node_maintenance.rs",
+        "controllers/node_maintenance/act.rs",
         "leave",
         ".replace(node_name",
         ResourceVersion,
     ),
     (
-        "controllers/node_maintenance.rs",
+        "controllers/node_maintenance/act.rs",
         "set_owner_reference",
         ".patch(",
         ResourceVersion,
     ),
     (
-        "controllers/node_maintenance.rs",
+        "controllers/node_maintenance/act.rs",
         "quarantine",
         "nodes.replace(",
         ResourceVersion,
     ),
     (
-        "controllers/node_maintenance.rs",
+        "controllers/node_maintenance/act.rs",
         "take_lease",
         "lock.create(",
         CreateOnce,
     ),
     (
-        "controllers/node_maintenance.rs",
+        "controllers/node_maintenance/act.rs",
         "take_lease",
         "lock.update(",
         ResourceVersion,
     ),
     (
-        "controllers/node_maintenance.rs",
+        "controllers/node_maintenance/act.rs",
         "release_lease",
         "lock.delete(",
         DeletePreconditions,
     ),
     (
-        "controllers/node_maintenance.rs",
+        "controllers/node_maintenance/act.rs",
         "ensure_namespace",
         "namespaces.create(",
         CreateOnce,
     ),
     (
-        "controllers/node_maintenance.rs",
+        "controllers/node_maintenance/report.rs",
+        "report",
+        ".patch_status(",
+        ResourceVersion,
+    ),
+    (
+        "controllers/node_maintenance/report.rs",
         "event",
         ".publish(",
         Harmless(EVENT),
@@ -500,8 +500,20 @@ const SOURCES: &[(&str, &str)] = &[
     ("controllers/mod.rs", include_str!("mod.rs")),
     ("controllers/no_cloud.rs", include_str!("no_cloud.rs")),
     (
-        "controllers/node_maintenance.rs",
-        include_str!("node_maintenance.rs"),
+        "controllers/node_maintenance/act.rs",
+        include_str!("node_maintenance/act.rs"),
+    ),
+    (
+        "controllers/node_maintenance/decide.rs",
+        include_str!("node_maintenance/decide.rs"),
+    ),
+    (
+        "controllers/node_maintenance/mod.rs",
+        include_str!("node_maintenance/mod.rs"),
+    ),
+    (
+        "controllers/node_maintenance/report.rs",
+        include_str!("node_maintenance/report.rs"),
     ),
     (
         "controllers/node_version/act.rs",
@@ -609,6 +621,7 @@ const SOURCES: &[(&str, &str)] = &[
 /// The directories whose every file must be in [`SOURCES`].
 const DIRECTORIES: &[&str] = &[
     "controllers",
+    "controllers/node_maintenance",
     "controllers/node_version",
     "controllers/plan",
     "controllers/sip_cluster",
