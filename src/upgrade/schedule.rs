@@ -32,6 +32,9 @@ pub enum Maintenance {
     Absent,
     /// Draining, or waiting for its turn; the message says which.
     Running(String),
+    /// Draining, held up by something the message names (a pod kubectl's
+    /// rules refuse, a PodDisruptionBudget): what `kubectl get plans` shows.
+    Held(String),
     /// Cordoned and drained.
     Succeeded,
     /// The drain failed or ran past the plan's drain timeout; the message
@@ -161,6 +164,9 @@ pub struct NodeDecision {
     pub step: Step,
     /// What it waits for, or why it failed.
     pub message: String,
+    /// Held up by something a user must see (a drain a pod or a budget
+    /// blocks), though not failed.
+    pub held: bool,
 }
 
 fn decision(phase: Phase, step: Step, message: impl Into<String>) -> NodeDecision {
@@ -168,6 +174,7 @@ fn decision(phase: Phase, step: Step, message: impl Into<String>) -> NodeDecisio
         phase,
         step,
         message: message.into(),
+        held: false,
     }
 }
 
@@ -241,6 +248,10 @@ fn prepare(prep: Prep, node: &NodeFacts) -> NodeDecision {
     match (prep, &node.maintenance) {
         (Prep::Drain, Maintenance::Absent) => decision(Phase::Draining, Step::Drain, "draining"),
         (Prep::Drain, Maintenance::Running(m)) => decision(Phase::Draining, Step::Wait, m.clone()),
+        (Prep::Drain, Maintenance::Held(m)) => NodeDecision {
+            held: true,
+            ..decision(Phase::Draining, Step::Wait, m.clone())
+        },
         (Prep::Drain, Maintenance::Failed(m)) => {
             decision(Phase::Failed, Step::Wait, format!("{DRAIN_FAILED}: {m}"))
         }
@@ -437,6 +448,7 @@ mod tests {
         let table: Vec<Row> = vec![
             ("drain first", Prep::Drain, node(), None, 0, Phase::Draining, Step::Drain),
             ("drain running", Prep::Drain, with(&|n| n.maintenance = Maintenance::Running("2 pods".into())), None, 0, Phase::Draining, Step::Wait),
+            ("drain held by a pod", Prep::Drain, with(&|n| n.maintenance = Maintenance::Held("blocked by pod a/b".into())), None, 0, Phase::Draining, Step::Wait),
             ("drained: job", Prep::Drain, with(&|n| n.maintenance = Maintenance::Succeeded), None, 0, Phase::Upgrading, Step::CreateJob),
             ("drain failed", Prep::Drain, with(&|n| n.maintenance = Maintenance::Failed("pdb x".into())), None, 0, Phase::Failed, Step::Wait),
             ("cordon first", Prep::Cordon, node(), None, 0, Phase::Cordoning, Step::Cordon),

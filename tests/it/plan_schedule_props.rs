@@ -342,7 +342,7 @@ impl World {
         match *event {
             Event::DrainDone { node, fails } => {
                 let n = &mut self.nodes[node % len];
-                if matches!(n.maintenance, Maintenance::Running(_)) {
+                if matches!(n.maintenance, Maintenance::Running(_) | Maintenance::Held(_)) {
                     n.maintenance = match fails {
                         true => Maintenance::Failed("a PDB blocks eviction".into()),
                         false => Maintenance::Succeeded,
@@ -418,7 +418,7 @@ impl World {
     fn settle_everything(&mut self) {
         self.now += 1;
         for n in &mut self.nodes {
-            if matches!(n.maintenance, Maintenance::Running(_)) {
+            if matches!(n.maintenance, Maintenance::Running(_) | Maintenance::Held(_)) {
                 n.maintenance = Maintenance::Succeeded;
             }
             if n.job == JobState::Running {

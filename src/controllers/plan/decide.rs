@@ -186,10 +186,10 @@ pub(super) fn maintenance_state(
                     timeout.as_secs()
                 ));
             }
-            Maintenance::Running(match detail.as_str() {
-                "" => format!("draining{left}"),
-                d => format!("draining{left}; {d}"),
-            })
+            match detail.as_str() {
+                "" => Maintenance::Running(format!("draining{left}")),
+                d => Maintenance::Held(format!("draining{left}; {d}")),
+            }
         }
     }
 }
@@ -252,7 +252,7 @@ mod tests {
                 nm("Running", true),
                 minute,
                 59,
-                "Running",
+                "Held",
                 "web-1",
             ),
             (
@@ -268,8 +268,16 @@ mod tests {
                 nm("Running", true),
                 None,
                 3600,
-                "Running",
+                "Held",
                 "web-1",
+            ),
+            (
+                "running, nothing in the way",
+                nm("Running", false),
+                None,
+                3600,
+                "Running",
+                "1 pods left",
             ),
             (
                 "done after its timeout",
@@ -285,6 +293,7 @@ mod tests {
             let (got_kind, message) = match &got {
                 Maintenance::Absent => ("Absent", ""),
                 Maintenance::Running(m) => ("Running", m.as_str()),
+                Maintenance::Held(m) => ("Held", m.as_str()),
                 Maintenance::Succeeded => ("Succeeded", ""),
                 Maintenance::Failed(m) => ("Failed", m.as_str()),
             };
@@ -347,6 +356,7 @@ mod tests {
                 phase,
                 step: Step::Wait,
                 message: "job failed".into(),
+                held: false,
             },
         };
         let (failed, upgrading) = (node("a", Phase::Failed), node("b", Phase::Upgrading));

@@ -343,7 +343,14 @@ fn complete_condition(status: &mut PlanStatus, generation: Option<i64>, round: &
         let reason = failure_of(&f.decision.message).as_str();
         (false, reason, format!("node {}: {}", f.name, f.decision.message))
     } else if !round.kept.is_empty() || !status.applying.is_empty() {
-        (false, "SyncJob", String::new())
+        // Only what holds a node up shows (a drain a pod or budget blocks).
+        let held: Vec<String> = round
+            .kept
+            .iter()
+            .filter(|a| a.decision.held)
+            .map(|a| format!("node {}: {}", a.name, a.decision.message))
+            .collect();
+        (false, "SyncJob", held.join("; "))
     } else if upgraded < selected {
         let why = round
             .blocked
