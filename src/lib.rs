@@ -15,6 +15,7 @@ pub mod controllers;
 pub mod drain;
 pub mod error;
 pub mod etcd;
+pub mod handover;
 pub mod http;
 pub mod node;
 pub mod operator;

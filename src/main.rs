@@ -38,6 +38,25 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinition YAML of every resource nodewarden defines.
     Crds,
+    /// The way back to the upstream operators, once nodewarden's pods are
+    /// gone: nodewarden's finalizers, annotations and labels removed from
+    /// every object, its own drains ended and their node changes undone,
+    /// maintenances others made left running for the Node Maintenance
+    /// Operator, its Lease and webhook Secret deleted.
+    Handover {
+        /// The kubeconfig (default: in-cluster, then KUBECONFIG, then ~/.kube/config).
+        #[arg(long, env = "KUBECONFIG")]
+        kubeconfig: Option<std::path::PathBuf>,
+        /// nodewarden's namespace (its Lease and webhook Secret).
+        #[arg(long, default_value = "nodewarden-system")]
+        namespace: String,
+        /// Only Nodes matching this label selector (nodewarden's --node-selector).
+        #[arg(long)]
+        node_selector: Option<String>,
+        /// Only objects matching this label selector (nodewarden's --object-selector).
+        #[arg(long)]
+        object_selector: Option<String>,
+    },
     /// Relay a socket of the pod to Constellation's upgrade-agent socket on
     /// the node (root's): the chart's sidecar, run as root with no
     /// capability, so nodewarden runs as 65532.
@@ -343,6 +362,20 @@ fn start() -> anyhow::Result<()> {
         }
         Command::Crds => print_crds(),
         Command::CopyEtcdPki { from, to } => copy_etcd_pki(&from, &to),
+        Command::Handover {
+            kubeconfig,
+            namespace,
+            node_selector,
+            object_selector,
+        } => {
+            let scope = nodewarden::handover::Scope {
+                nodes: node_selector,
+                objects: object_selector,
+            };
+            tokio::runtime::Runtime::new()
+                .context("starting the async runtime")?
+                .block_on(handover(kubeconfig, scope, namespace))
+        }
         Command::RelayUpgradeAgent { listen, to } => {
             nodewarden::telemetry::init_logging(cli.log_json, None);
             tokio::runtime::Runtime::new()
@@ -625,5 +658,25 @@ fn copy_etcd_pki(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result
             to.display()
         );
     }
+    Ok(())
+}
+
+/// `nodewarden handover`: says each change, then that nothing is left.
+async fn handover(
+    kubeconfig: Option<std::path::PathBuf>,
+    scope: nodewarden::handover::Scope,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let client = nodewarden::client::build(kubeconfig.as_deref()).await?;
+    let report = nodewarden::handover::hand_over_retrying(&client, &scope, &namespace, 6)
+        .await
+        .context("handing over (run it again: every step is repeatable)")?;
+    for line in &report.done {
+        println!("{line}");
+    }
+    println!(
+        "handed over: {} changes; nothing of nodewarden's is left on any object",
+        report.done.len()
+    );
     Ok(())
 }

@@ -20,6 +20,7 @@ mod controlplane;
 mod etcd_defaults;
 mod etcd_members;
 mod event_filtering;
+mod handover;
 mod install;
 mod late_writes;
 mod leader_election;
