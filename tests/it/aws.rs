@@ -116,27 +116,8 @@ async fn a_capacity_change_without_an_answer_is_not_overtaken_by_the_next() {
     config.endpoint = Some(format!("http://127.0.0.1:{}", proxy.port));
     config.call_timeout = Some(Duration::from_secs(1));
     let provider = AwsProvider::new(config).await.expect("the aws provider");
-    let asg = aws_sdk_autoscaling::Client::new(&sdk);
     let desired = || desired_capacity(&sdk, &group);
-    let in_service = || async {
-        asg.describe_auto_scaling_instances()
-            .send()
-            .await
-            .expect("the group's instances")
-            .auto_scaling_instances
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|i| i.auto_scaling_group_name() == Some(group.as_str()))
-            .filter(|i| i.lifecycle_state() == Some("InService"))
-            .map(|i| {
-                format!(
-                    "aws:///{}/{}",
-                    i.availability_zone().unwrap_or_default(),
-                    i.instance_id().unwrap_or_default()
-                )
-            })
-            .collect::<Vec<_>>()
-    };
+    let in_service = || in_service(&sdk, &group);
     let old = in_service().await;
     assert_eq!(old.len(), SIZE as usize, "{old:?}");
 
@@ -200,6 +181,62 @@ async fn a_capacity_change_without_an_answer_is_not_overtaken_by_the_next() {
     drop(moto);
 }
 
+/// A leader killed after its create's capacity change landed, before it
+/// tagged the instance, and the next leader retiring a donor of the same
+/// group (a terminate with decrement) before it finishes that create: the
+/// create asked again must find the instance the first one started, not
+/// start a second. (CI's tests/it/aws_ha.rs once: a tenth node where nine
+/// were rolled, when "desired above its value before the create" was the
+/// sign of a create that landed, and the decrement hid it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_cut_off_before_tagging_is_found_after_a_terminate_lowered_the_group() {
+    use nodewarden::cloud::{CloudError, CloudProvider, CreateNodeRequest};
+    const SIZE: i32 = 3;
+    let (moto, sdk, uid, group) = moto_with_group("cutoff", SIZE).await;
+    let proxy = TcpProxy::start(moto.endpoint.trim_start_matches("http://").to_string()).await;
+    // The instance's tagging never lands: the leader dies while it is sent.
+    proxy.hold_first(b"Action=CreateTags&", Duration::from_secs(30));
+    let mut config = moto.provider_config(&uid);
+    config.endpoint = Some(format!("http://127.0.0.1:{}", proxy.port));
+    config.call_timeout = Some(Duration::from_secs(1));
+    let dying = AwsProvider::new(config).await.expect("the aws provider");
+    let old = in_service(&sdk, &group).await;
+    assert_eq!(old.len(), SIZE as usize, "{old:?}");
+    let request = CreateNodeRequest::new(group.clone()).with_request_id("cut-off".to_string());
+    let first = dying.create_node(&request).await;
+    assert!(
+        matches!(first, Err(CloudError::Timeout { .. })),
+        "the create is cut off while it tags its instance: {first:?}"
+    );
+    assert_eq!(proxy.held_seen(), 1, "the instance's tagging was sent once");
+    drop(dying);
+    drop(proxy);
+    let desired = || desired_capacity(&sdk, &group);
+    assert_eq!(
+        desired().await,
+        Some(SIZE + 1),
+        "the create's capacity change landed"
+    );
+
+    let next = AwsProvider::new(moto.provider_config(&uid))
+        .await
+        .expect("the next leader's provider");
+    next.delete_node(&old[0]).await.expect("a donor retired");
+    assert_eq!(desired().await, Some(SIZE), "the terminate's decrement");
+    let created = next.create_node(&request).await.expect("the create, asked again");
+    assert_eq!(desired().await, Some(SIZE), "no second instance for one request");
+    let mut want: Vec<String> = old[1..].to_vec();
+    want.push(created.provider_id.clone());
+    want.sort();
+    let mut now = in_service(&sdk, &group).await;
+    now.sort();
+    assert_eq!(
+        now, want,
+        "the group: the two kept and the one the first create started"
+    );
+    drop(moto);
+}
+
 /// moto with one worker group of `size` on ami-00000001, of a cluster
 /// named by `prefix`: (moto, its SDK configuration, cluster uid, group).
 async fn moto_with_group(prefix: &str, size: i32) -> (Moto, aws_config::SdkConfig, String, String) {
@@ -223,6 +260,28 @@ async fn desired_capacity(sdk: &aws_config::SdkConfig, group: &str) -> Option<i3
         .unwrap_or_default()
         .first()
         .and_then(|g| g.desired_capacity)
+}
+
+/// The provider IDs of the group's instances in service, as moto has them.
+async fn in_service(sdk: &aws_config::SdkConfig, group: &str) -> Vec<String> {
+    aws_sdk_autoscaling::Client::new(sdk)
+        .describe_auto_scaling_instances()
+        .send()
+        .await
+        .expect("the group's instances")
+        .auto_scaling_instances
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|i| i.auto_scaling_group_name() == Some(group))
+        .filter(|i| i.lifecycle_state() == Some("InService"))
+        .map(|i| {
+            format!(
+                "aws:///{}/{}",
+                i.availability_zone().unwrap_or_default(),
+                i.instance_id().unwrap_or_default()
+            )
+        })
+        .collect()
 }
 
 /// `--cloud aws` without the cluster's tag value or its region (unset, or

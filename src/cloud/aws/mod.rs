@@ -38,10 +38,11 @@ pub const ROLE_TAG: &str = "constellation-role";
 /// The node group tag (the ScalingGroup's nodeGroupName).
 pub const NODE_GROUP_TAG: &str = "constellation-node-group";
 /// The tag an instance created for a request carries: its idempotency key.
+/// The group carries it too while a create is under way, propagated at
+/// launch: the instance started for the request is born with its key, so a
+/// create cut off before it tagged the instance (a leader killed) still
+/// finds it, whatever the group's capacity did since.
 pub const REQUEST_TAG: &str = "nodewarden.dev/request-id";
-/// A group's tag recording a create in flight: `<request-id>` → the
-/// desired capacity before it, so a create cut off by a crash is found.
-pub const INTENT_TAG_PREFIX: &str = "nodewarden.dev/create-";
 
 /// How the provider reaches AWS.
 #[derive(Clone, Debug, Default)]
@@ -219,28 +220,18 @@ impl AwsProvider {
         self.settle(&mut capacity).await?;
         let group = self.group(&request.group_id).await?;
         let members: BTreeSet<String> = instance_ids(&group);
-        let intent = request.request_id.as_ref().map(|id| intent_tag(id));
         if let Some(request_id) = &request.request_id {
-            // Asked before: the instance carries the key, or the group still
-            // records the create a crash cut off.
+            // Asked before: the instance started for it carries the key. Not
+            // "desired above what it was": a terminate's decrement since
+            // (another leader retiring a donor) hides a create that landed,
+            // and asking again started a second instance for one request.
             if let Some(found) = self.tagged_instance(&members, request_id).await? {
-                return self.created(&found).await;
+                return self.finish_create(&request.group_id, &found, request_id).await;
             }
-            if let Some(before) = intent.as_ref().and_then(|t| group_tag(&group, t)) {
-                let before: i32 = before.parse().unwrap_or(i32::MAX);
-                if group.desired_capacity.unwrap_or(0) > before {
-                    let untagged = self.untagged_newest(&members).await?;
-                    if let Some(id) = untagged {
-                        return self.finish_create(&request.group_id, &id, request_id).await;
-                    }
-                }
-            }
-        }
-        let desired = group.desired_capacity.unwrap_or(0);
-        if let (Some(tag), Some(_)) = (&intent, &request.request_id) {
-            self.set_group_tag(&request.group_id, tag, Some(&desired.to_string()))
+            self.set_group_tag(&request.group_id, REQUEST_TAG, Some(request_id), true)
                 .await?;
         }
+        let desired = group.desired_capacity.unwrap_or(0);
         let sent = tokio::time::Instant::now();
         let set = self
             .asg
@@ -318,7 +309,8 @@ impl AwsProvider {
         }))
     }
 
-    /// Tags the new instance with its request and forgets the intent.
+    /// Tags the new instance with its request (again, if it was born with
+    /// it) and takes the request off the group.
     async fn finish_create(
         &self,
         group: &str,
@@ -332,17 +324,25 @@ impl AwsProvider {
             .send()
             .await
             .map_err(|e| self.failed(e, &format!("instance {id}")))?;
-        self.set_group_tag(group, &intent_tag(request_id), None).await?;
+        self.set_group_tag(group, REQUEST_TAG, None, true).await?;
         self.created(id).await
     }
 
-    async fn set_group_tag(&self, group: &str, key: &str, value: Option<&str>) -> Result<(), CloudError> {
+    /// Sets (Some) or deletes (None) a tag of the group; `propagate`: the
+    /// instances it starts meanwhile carry it from launch.
+    async fn set_group_tag(
+        &self,
+        group: &str,
+        key: &str,
+        value: Option<&str>,
+        propagate: bool,
+    ) -> Result<(), CloudError> {
         let tag = AsgTag::builder()
             .resource_id(group)
             .resource_type("auto-scaling-group")
             .key(key)
             .value(value.unwrap_or_default())
-            .propagate_at_launch(false)
+            .propagate_at_launch(propagate)
             .build();
         let what = format!("tags of Auto Scaling group {group}");
         match value {
@@ -387,27 +387,6 @@ impl AwsProvider {
             .await
             .map_err(|e| self.failed(e, "the group's instances"))?;
         Ok(instances_of(out).into_iter().find_map(|i| i.instance_id))
-    }
-
-    /// The most recently launched member without a request tag.
-    async fn untagged_newest(&self, members: &BTreeSet<String>) -> Result<Option<String>, CloudError> {
-        if members.is_empty() {
-            return Ok(None);
-        }
-        let out = self
-            .ec2
-            .describe_instances()
-            .set_instance_ids(Some(members.iter().cloned().collect()))
-            .send()
-            .await
-            .map_err(|e| self.failed(e, "the group's instances"))?;
-        let mut untagged: Vec<(aws_sdk_ec2::primitives::DateTime, String)> = instances_of(out)
-            .into_iter()
-            .filter(|i| !i.tags().iter().any(|t| t.key() == Some(REQUEST_TAG)))
-            .filter_map(|i| Some((i.launch_time?, i.instance_id?)))
-            .collect();
-        untagged.sort_by(|a, b| a.0.secs().cmp(&b.0.secs()).then(a.1.cmp(&b.1)));
-        Ok(untagged.pop().map(|(_, id)| id))
     }
 
     async fn wait_new_instance(&self, group: &str, before: &BTreeSet<String>) -> Result<String, CloudError> {
@@ -605,12 +584,6 @@ fn group_tag(group: &AutoScalingGroup, key: &str) -> Option<String> {
         .and_then(|t| t.value.clone())
 }
 
-fn intent_tag(request_id: &str) -> String {
-    // Tag keys are at most 128 characters.
-    let key = format!("{INTENT_TAG_PREFIX}{request_id}");
-    key.chars().take(128).collect()
-}
-
 /// The name the instance's Node gets: its private DNS name (what the AWS
 /// cloud provider names nodes), else its id.
 fn node_name(instance: &aws_sdk_ec2::types::Instance) -> String {
@@ -762,11 +735,5 @@ mod tests {
             assert_eq!(state_of(Some(&name)), state, "{name:?}");
         }
         assert_eq!(state_of(None), InstanceState::Unknown);
-    }
-
-    #[test]
-    fn intent_tags_fit_aws_limits() {
-        assert!(intent_tag(&"x".repeat(300)).len() <= 128);
-        assert!(intent_tag("pn-1").starts_with(INTENT_TAG_PREFIX));
     }
 }
