@@ -174,9 +174,27 @@ bench-scale parts="scale drains rollout failover":
     done
     cargo bench --bench report 2>/dev/null | grep '^report:'
 
-# End to end on a kind cluster (Docker, kind, kubectl): rollout with a leader kill, traces in Jaeger.
+# End to end as users run it: nodewarden installed by `helm install` from its image (3 replicas, webhook through its Service, traces in Jaeger), then a rollout with a leader kill, a Plan, a drain of the leader's own node, helm upgrade and uninstall. On real nodes of this machine (e2e/nodes: kubelets with containerd, as root), or on kind where Docker and kind answer; NODEWARDEN_E2E_CLUSTER=nodes|kind picks.
 e2e:
-    e2e/kind/run.sh
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cluster=${NODEWARDEN_E2E_CLUSTER:-}
+    if [ -z "$cluster" ]; then
+      cluster=nodes
+      if command -v kind >/dev/null 2>&1 && docker info >/dev/null 2>&1; then cluster=kind; fi
+    fi
+    case "$cluster" in
+      nodes|kind) exec "e2e/$cluster/run.sh" ;;
+      *) echo "NODEWARDEN_E2E_CLUSTER must be nodes or kind" >&2; exit 2 ;;
+    esac
+
+# The local cluster with real nodes that `just e2e` uses, kept running (e2e/nodes/cluster.sh up; as root).
+nodes-up:
+    e2e/nodes/cluster.sh up
+
+# Stop the real nodes and their control plane, and undo their network changes.
+nodes-down:
+    e2e/nodes/cluster.sh down
 
 # 30 sim-cloud nodes rolled at maxSurge 1, 3 and 10, each timed against the ideal the simulated boot and join delays allow (benches/rollout.rs).
 bench-rollout:

@@ -9,6 +9,11 @@
 #   cluster.sh restart-apiserver   kill and restart kube-apiserver on the same port (tests)
 #
 # NODEWARDEN_API_ONLY=1 starts only etcd and kube-apiserver (tests that restart them).
+# NODEWARDEN_APISERVER_ADDRESS serves the API on another local address than
+# 127.0.0.1 (one that pods on real nodes reach, e2e/nodes/cluster.sh); then the
+# `kubernetes` Service gets that endpoint, the API server reaches kubelets by
+# InternalIP with a client certificate, and NODEWARDEN_POD_CIDR (if set) is
+# split into the nodes' pod CIDRs by kube-controller-manager.
 # NODEWARDEN_RUN_DIR picks the run directory (default: <repo>/.run/cluster); it holds
 # certificates, kubeconfigs, pid files, the etcd data and every component's log.
 set -euo pipefail
@@ -16,6 +21,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 run_dir=${NODEWARDEN_RUN_DIR:-$repo/.run/cluster}
+api_address=${NODEWARDEN_APISERVER_ADDRESS:-127.0.0.1}
+pod_cidr=${NODEWARDEN_POD_CIDR:-}
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 wanted=("${components[@]}")
 [ "${NODEWARDEN_API_ONLY:-0}" = 1 ] && wanted=(etcd kube-apiserver)
@@ -80,9 +87,12 @@ healthy_all() {
   api_ready
 }
 
+# api_address: the address the running API server serves on.
+api_address() { cat "$run_dir/apiserver-address" 2>/dev/null || echo 127.0.0.1; }
+
 api_ready() {
   curl -sf --max-time 2 --cacert "$run_dir/pki/ca.crt" --cert "$run_dir/pki/admin.crt" \
-    --key "$run_dir/pki/admin.key" "https://127.0.0.1:$(cat "$run_dir/apiserver-port")/readyz" >/dev/null
+    --key "$run_dir/pki/admin.key" "https://$(api_address):$(cat "$run_dir/apiserver-port")/readyz" >/dev/null
 }
 
 # cert NAME CN [O] [SANS]: an EC P-256 key and a certificate signed by the run's CA.
@@ -117,7 +127,7 @@ kind: Config
 clusters:
 - name: nodewarden-local
   cluster:
-    server: https://127.0.0.1:$(cat "$run_dir/apiserver-port")
+    server: https://$(api_address):$(cat "$run_dir/apiserver-port")
     certificate-authority-data: $(base64 -w0 "$pki/ca.crt")
 users:
 - name: $name
@@ -142,11 +152,12 @@ make_pki() {
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
     -out "$pki/ca.crt" 2>/dev/null
   cert apiserver kube-apiserver "" \
-    "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    "IP:127.0.0.1,IP:$api_address,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   cert admin nodewarden-admin system:masters
   cert controller-manager system:kube-controller-manager
   cert scheduler system:kube-scheduler
   cert kwok system:kwok system:masters
+  cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
   openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$pki/sa.key" 2>/dev/null
   openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
@@ -174,10 +185,18 @@ POLICY
 
 start_apiserver() {
   write_audit_policy
+  # On loopback no pod can use the `kubernetes` Service: it keeps no endpoint.
+  local real_node_args=(--endpoint-reconciler-type=none)
+  if [ "$(api_address)" != 127.0.0.1 ]; then
+    # Kubelets by InternalIP: a node name never goes to the machine's resolver.
+    real_node_args=(--kubelet-preferred-address-types=InternalIP
+      --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt"
+      --kubelet-client-key="$pki/apiserver-kubelet-client.key")
+  fi
   start kube-apiserver \
     --audit-policy-file="$run_dir/audit-policy.yaml" --audit-log-path="$run_dir/audit.log" \
     --audit-log-format=json --audit-log-maxsize=200 --audit-log-maxbackup=1 \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
+    --bind-address="$(api_address)" --advertise-address="$(api_address)" \
     --secure-port="$(cat "$run_dir/apiserver-port")" \
     --etcd-servers="http://127.0.0.1:$(cat "$run_dir/etcd-port")" \
     --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
@@ -187,7 +206,7 @@ start_apiserver() {
     --service-account-key-file="$pki/sa.pub" \
     --service-account-signing-key-file="$pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
-    --endpoint-reconciler-type=none \
+    "${real_node_args[@]}" \
     --allow-privileged=true \
     --watch-cache-sizes=configmaps#0 \
     --profiling=true
@@ -240,6 +259,7 @@ up() {
   down
   BIN=$(bin_dir)
   echo "$BIN" >"$run_dir/bin-dir"
+  echo "$api_address" >"$run_dir/apiserver-address"
   make_pki
   local ports etcd_port etcd_peer_port apiserver_port cm_port scheduler_port kwok_port
   ports=$(free_ports 6)
@@ -269,6 +289,12 @@ up() {
     return 0
   fi
 
+  local ipam_args=(--controllers='*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,-route')
+  if [ -n "$pod_cidr" ]; then
+    ipam_args=(--controllers='*,-service-lb-controller,-cloud-node-lifecycle,-route'
+      --allocate-node-cidrs=true --cluster-cidr="$pod_cidr" --node-cidr-mask-size=24
+      --service-cluster-ip-range=10.96.0.0/16)
+  fi
   start kube-controller-manager \
     --kubeconfig="$run_dir/controller-manager.kubeconfig" \
     --authentication-kubeconfig="$run_dir/controller-manager.kubeconfig" \
@@ -277,7 +303,7 @@ up() {
     --leader-elect=false --use-service-account-credentials=true \
     --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
     --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
-    --controllers='*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,-route' \
+    "${ipam_args[@]}" \
     --profiling=false
   wait_healthy kube-controller-manager curl -skf --max-time 2 \
     "https://127.0.0.1:$(cat "$run_dir/controller-manager-port")/healthz" || { down; exit 1; }

@@ -27,6 +27,15 @@ timing() {
   return 0
 }
 
+# phase NAME CMD...: runs CMD and records how long it took.
+phase() {
+  local name=$1 t
+  shift
+  t=$(date +%s)
+  "$@"
+  timing "$name" $(($(date +%s) - t))
+}
+
 # Background `kubectl port-forward` processes of this shell, stopped by
 # stop_port_forwards (each by its own pid).
 E2E_PORT_FORWARD_PIDS=()

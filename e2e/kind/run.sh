@@ -59,15 +59,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# phase NAME CMD...: runs CMD and records how long it took.
-phase() {
-  local name=$1 t
-  shift
-  t=$(date +%s)
-  "$@"
-  timing "$name" $(($(date +%s) - t))
-}
-
 # --- the cluster --------------------------------------------------------------
 reused=0
 create_cluster() {

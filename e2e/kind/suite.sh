@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The end-to-end suite on the kind cluster that e2e/kind/run.sh prepared
-# (nodewarden x3, sim-cloud, kwok, Jaeger). Standalone on a kept cluster:
+# (nodewarden x3, sim-cloud, kwok, Jaeger), also run by e2e/nodes/suite.sh on
+# real nodes. Standalone on a kept cluster:
 #   KUBECONFIG=.run/e2e-kind/kubeconfig e2e/kind/suite.sh
 #
 # 1. creates the scaling groups' first instances through the sim-cloud's API
@@ -75,7 +76,11 @@ say "checking that nodewarden (3 replicas), sim-cloud and kwok run"
 kubectl -n "$E2E_NS" rollout status deploy/nodewarden --timeout=120s >/dev/null ||
   die "nodewarden is not running in $E2E_NS (run e2e/kind/run.sh, or set KUBECONFIG to the e2e cluster)"
 kubectl -n "$E2E_NS" rollout status deploy/sim-cloud --timeout=120s >/dev/null || die "sim-cloud is not running"
-kubectl -n kube-system rollout status deploy/kwok-controller --timeout=120s >/dev/null || die "kwok is not running"
+# kwok runs in the cluster (kind), or beside it as a process (E2E_KWOK=process:
+# e2e/nodes, where e2e/controlplane/cluster.sh started it).
+if [ "${E2E_KWOK:-pod}" = pod ]; then
+  kubectl -n kube-system rollout status deploy/kwok-controller --timeout=120s >/dev/null || die "kwok is not running"
+fi
 
 # --- leftovers of an earlier run on a kept cluster --------------------------
 if kubectl get "$NV_RES" "$NV" >/dev/null 2>&1 ||
