@@ -78,6 +78,11 @@ fn everything(lease_namespace: &str) -> Value {
         "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
         "priorityClassName": "system-cluster-critical",
         "podAnnotations": {"example.com/team": "nodes"},
+        "podLabels": {"example.com/team": "nodes"},
+        "topologySpreadConstraints": [{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "nodewarden"}}}],
+        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "imagePullSecrets": [{"name": "registry"}],
         "cloud": {"provider": "aws", "qps": 5, "burst": 10, "aws": {
             "region": "eu-west-1", "clusterUID": "uid-1",
@@ -95,7 +100,8 @@ fn everything(lease_namespace: &str) -> Value {
         "plans": {"namespace": "system-upgrade", "channelPoll": "15m", "settle": 10,
                   "jobDeadline": 1_000_000, "jobDeadlineMax": 0, "jobBackoffLimit": 2, "jobTTL": 900,
                   "jobPrivileged": false, "jobImagePullPolicy": "Always",
-                  "jobPodReplacementPolicy": "Failed", "controllerName": "system-upgrade-controller"},
+                  "jobPodReplacementPolicy": "Failed", "controllerName": "system-upgrade-controller",
+                  "controllerEnvConfigMap": "default-controller-env"},
         "sip": "off",
         "webhook": {"certificates": "cert-manager", "etcdOnControlPlane": "false",
                     "handshakeTimeout": 10, "requestTimeout": 30, "maxConnections": 256, "maxInFlight": 8},
@@ -106,6 +112,8 @@ fn everything(lease_namespace: &str) -> Value {
         "log": {"json": true},
         "extraArgs": ["--lease-name=nodewarden"],
         "extraEnv": [{"name": "RUST_LOG", "value": "info"}],
+        "extraVolumes": [{"name": "proxy-ca", "configMap": {"name": "proxy-ca"}}],
+        "extraVolumeMounts": [{"name": "proxy-ca", "mountPath": "/etc/nodewarden/proxy-ca", "readOnly": true}],
     })
 }
 
@@ -298,6 +306,96 @@ fn another_release_name_names_its_cluster_objects_and_tells_nodewarden() {
 }
 
 #[test]
+fn production_settings_render_safe_defaults_and_what_is_given() {
+    let docs = render(SYSTEM_NAMESPACE, &json!({}));
+    let spec = &find(&docs, "Deployment", "nodewarden")["spec"]["template"]["spec"];
+    assert_eq!(spec["priorityClassName"], "system-cluster-critical");
+    assert_eq!(spec["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
+    // Over zones and nodes, as a preference, so one node still runs every
+    // replica; the anti-affinity stays for nodes without a zone label.
+    let spread = spec["topologySpreadConstraints"]
+        .as_array()
+        .expect("spread constraints");
+    let keys: Vec<&str> = spread.iter().filter_map(|c| c["topologyKey"].as_str()).collect();
+    assert_eq!(keys, ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]);
+    for c in spread {
+        assert_eq!(c["whenUnsatisfiable"], "ScheduleAnyway", "{c}");
+        assert_eq!(c["maxSkew"], 1, "{c}");
+        assert_eq!(
+            c["labelSelector"]["matchLabels"],
+            json!({"app.kubernetes.io/name": "nodewarden"})
+        );
+        assert_eq!(c["matchLabelKeys"], json!(["pod-template-hash"]), "{c}");
+    }
+    let anti = &spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
+    let c = container(&docs, "nodewarden");
+    assert_eq!(
+        c["resources"],
+        json!({"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}})
+    );
+    assert!(c.get("envFrom").is_none(), "{c}");
+    assert_eq!(
+        find(&docs, "PodDisruptionBudget", "nodewarden")["spec"]["minAvailable"],
+        2
+    );
+    assert!(has(&docs, "Namespace", "medik8s-leases"));
+
+    let given = render(
+        "ops",
+        &json!({
+            "replicas": 1,
+            "priorityClassName": "",
+            "nodeSelector": null,
+            "topologySpreadConstraints": [],
+            "podLabels": {"example.com/team": "nodes", "app.kubernetes.io/name": "other"},
+            "plans": {"controllerEnvConfigMap": "default-controller-env"},
+            "cloud": {"provider": "aws", "aws": aws_values()},
+            "maintenance": {"createLeaseNamespace": false},
+            "extraVolumes": [{"name": "proxy-ca", "configMap": {"name": "proxy-ca"}}],
+            "extraVolumeMounts": [{"name": "proxy-ca", "mountPath": "/etc/proxy-ca"}],
+        }),
+    );
+    let template = &find(&given, "Deployment", "nodewarden")["spec"]["template"];
+    let spec = &template["spec"];
+    for absent in ["priorityClassName", "nodeSelector", "topologySpreadConstraints"] {
+        assert!(spec.get(absent).is_none(), "{absent}: {spec}");
+    }
+    // The selector label stays the chart's.
+    assert_eq!(
+        template["metadata"]["labels"],
+        json!({"app.kubernetes.io/name": "nodewarden", "app.kubernetes.io/instance": "nodewarden",
+               "example.com/team": "nodes"})
+    );
+    // The System Upgrade Controller's settings, optional as upstream's; the
+    // AWS ConfigMap last, so its settings win.
+    let c = container(&given, "nodewarden");
+    assert_eq!(
+        c["envFrom"],
+        json!([{"configMapRef": {"name": "default-controller-env", "optional": true}},
+               {"configMapRef": {"name": "nodewarden-aws"}}])
+    );
+    let mounts = c["volumeMounts"].as_array().expect("mounts");
+    assert_eq!(
+        mounts.last(),
+        Some(&json!({"name": "proxy-ca", "mountPath": "/etc/proxy-ca"}))
+    );
+    let volumes = spec["volumes"].as_array().expect("volumes");
+    assert_eq!(
+        volumes.last(),
+        Some(&json!({"name": "proxy-ca", "configMap": {"name": "proxy-ca"}}))
+    );
+    // One replica: no budget (it would block every drain of its node).
+    assert!(!has(&given, "PodDisruptionBudget", "nodewarden"));
+    // medik8s-leases as another tool made it: not rendered, the Leases' Role still there.
+    assert!(!given.iter().any(|d| d["kind"] == "Namespace"));
+    assert_eq!(
+        find(&given, "Role", "nodewarden-node-leases")["metadata"]["namespace"],
+        "medik8s-leases"
+    );
+}
+
+#[test]
 fn the_schema_refuses_bad_values_naming_them() {
     let bad = [
         (json!({"cloud": {"provider": "gcp"}}), "at '/cloud/provider'"),
@@ -329,6 +427,18 @@ fn the_schema_refuses_bad_values_naming_them() {
         (
             json!({"networkPolicy": {"enabled": true, "webhookFrom": ["the control plane"]}}),
             "at '/networkPolicy/webhookFrom/0'",
+        ),
+        (
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Sometimes"}]}),
+            "at '/topologySpreadConstraints/0/whenUnsatisfiable'",
+        ),
+        (
+            json!({"extraVolumeMounts": [{"name": "ca"}]}),
+            "at '/extraVolumeMounts/0'",
+        ),
+        (
+            json!({"plans": {"controllerEnvConfigMap": "Default Env"}}),
+            "at '/plans/controllerEnvConfigMap'",
         ),
     ];
     for (values, names) in bad {
@@ -406,9 +516,42 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
             Ok(Applied::NotServed(e)) | Err(e) => failures.push(format!("{}: {e}", describe(what, &obj))),
         }
     }
+    // A Deployment's dry run admits no pod: each distinct pod template is
+    // dry-run as a Pod too, so the pod admission plugins judge it (the
+    // priority class outside kube-system, Pod Security, the pod's own
+    // validation). The release's ServiceAccount exists only as a dry run:
+    // the namespace's default stands in.
+    let mut pods = 0;
+    for (what, doc) in objects.iter().filter(|(_, d)| d["kind"] == "Deployment") {
+        let template = &doc["spec"]["template"];
+        let mut spec = template["spec"].clone();
+        spec["serviceAccountName"] = json!("default");
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("pod-{pods}"), "namespace": env.namespace,
+                         "labels": template["metadata"]["labels"]},
+            "spec": spec,
+        });
+        pods += 1;
+        let obj = to_object(what, pods, pod);
+        match apply(&env.client, &obj, true).await {
+            Ok(Applied::Done(admitted)) => {
+                let (class, priority) = (
+                    &doc["spec"]["template"]["spec"]["priorityClassName"],
+                    &admitted.data["spec"]["priority"],
+                );
+                if class == "system-cluster-critical" && *priority != json!(2_000_000_000) {
+                    failures.push(format!(
+                        "{what}: the pod's priority is {priority}, not system-cluster-critical's"
+                    ));
+                }
+            }
+            Ok(Applied::NotServed(e)) | Err(e) => failures.push(format!("{what}: its pod: {e}")),
+        }
+    }
     env.cleanup().await;
     println!(
-        "{} distinct objects dry-run; skipped (API not served here): {skipped:?}",
+        "{} distinct objects and {pods} pods dry-run; skipped (API not served here): {skipped:?}",
         objects.len()
     );
     assert!(
