@@ -503,8 +503,9 @@ fn serve_cert_managers(
 }
 
 /// The certificates nodewarden keeps itself: made when the Secret is
-/// missing, renewed by the leader when due, else as found. None: another
-/// replica made the Secret first, read it again.
+/// missing, or holds none (the chart and manifests/base make it empty),
+/// renewed by the leader when due, else as found. None: another replica
+/// wrote the Secret first, read it again.
 async fn own_bundle(
     secrets: &Api<Secret>,
     config: &AdmissionConfig,
@@ -525,7 +526,10 @@ async fn own_bundle(
         (None, _) => {
             let made = certs::generate(&config.names, now).map_err(|e| e.to_string())?;
             match secrets
-                .create(&PostParams::default(), &secret(config, &made, None))
+                .create(
+                    &PostParams::default(),
+                    &secret(config, &made, ObjectMeta::default()),
+                )
                 .await
             {
                 Ok(_) => {
@@ -537,51 +541,65 @@ async fn own_bundle(
                 Err(e) => Err(format!("creating Secret {}: {e}", config.secret)),
             }
         }
+        // Filled by whichever replica gets there first, as a missing one is
+        // made (the write is conditioned on the resourceVersion read);
+        // renewed by the leader.
         (Some(s), current)
-            if leader.is_leader()
-                && current
-                    .as_ref()
-                    .is_none_or(|b| certs::needs_renewal(b.not_after, now)) =>
+            if current
+                .as_ref()
+                .is_none_or(|b| leader.is_leader() && certs::needs_renewal(b.not_after, now)) =>
         {
             let next = match &current {
                 Some(b) => certs::renew(b, &config.names, now),
                 None => certs::generate(&config.names, now),
             }
             .map_err(|e| e.to_string())?;
-            secrets
+            match secrets
                 .replace(
                     &config.secret,
                     &PostParams::default(),
-                    &secret(config, &next, s.metadata.resource_version.clone()),
+                    &secret(config, &next, s.metadata),
                 )
                 .await
-                .map_err(|e| format!("renewing Secret {}: {e}", config.secret))?;
-            tracing::info!(secret = %config.secret, not_after = %next.not_after, "renewed the webhook's serving certificate");
-            Ok(Some(next))
+            {
+                Ok(_) if current.is_some() => {
+                    tracing::info!(secret = %config.secret, not_after = %next.not_after, "renewed the webhook's serving certificate");
+                    Ok(Some(next))
+                }
+                Ok(_) => {
+                    tracing::info!(secret = %config.secret, "wrote the webhook's CA and serving certificate");
+                    Ok(Some(next))
+                }
+                // Another replica wrote it first: serve its certificate.
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+                Err(e) => Err(format!("writing Secret {}: {e}", config.secret)),
+            }
         }
-        (Some(_), Some(b)) => Ok(Some(b)),
-        (Some(_), None) => Err(format!(
-            "Secret {} is incomplete; the leader writes it anew",
-            config.secret
-        )),
+        // Certificates found (the guard above took a Secret without them).
+        (Some(_), current) => Ok(current),
     }
 }
 
-fn secret(config: &AdmissionConfig, bundle: &CertBundle, resource_version: Option<String>) -> Secret {
+/// The Secret holding `bundle`, written over `found`: the metadata read
+/// (labels, annotations, owner references and the resourceVersion the
+/// write is conditioned on) is kept, so a Secret someone else made (the Helm
+/// chart makes it empty, to delete it on uninstall) stays theirs.
+fn secret(config: &AdmissionConfig, bundle: &CertBundle, found: ObjectMeta) -> Secret {
+    let mut annotations = found.annotations.unwrap_or_default();
+    annotations.insert(
+        certs::NOT_AFTER_ANNOTATION.to_string(),
+        bundle.not_after.to_string(),
+    );
+    let mut labels = found.labels.unwrap_or_default();
+    labels.insert("app.kubernetes.io/name".to_string(), "nodewarden".to_string());
     Secret {
         metadata: ObjectMeta {
             name: Some(config.secret.clone()),
             namespace: Some(config.namespace.clone()),
-            resource_version,
-            annotations: Some(
-                [(
-                    certs::NOT_AFTER_ANNOTATION.to_string(),
-                    bundle.not_after.to_string(),
-                )]
-                .into(),
-            ),
-            labels: Some([("app.kubernetes.io/name".to_string(), "nodewarden".to_string())].into()),
-            ..Default::default()
+            annotations: Some(annotations),
+            labels: Some(labels),
+            managed_fields: None,
+            ..found
         },
         string_data: Some(bundle.to_data()),
         type_: Some("Opaque".into()),

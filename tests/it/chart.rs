@@ -7,7 +7,9 @@
 //! objects; `nodewarden run` takes every flag the chart can render; and a
 //! `nodewarden run` process started as the rendered Deployment's container,
 //! with a token of the rendered ServiceAccount, takes the Lease in the
-//! release's namespace, becomes ready and serves the rendered webhook.
+//! release's namespace, becomes ready and serves the rendered webhook; and
+//! `helm install`, then `helm uninstall` while such a replica runs, leaves
+//! nothing of the release in its namespace.
 
 use crate::support;
 
@@ -885,29 +887,29 @@ impl Drop for ReleaseObjects {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_started_as_the_rendered_deployment_takes_the_lease_and_serves_the_webhook() {
-    let env = TestEnv::new("chart-replica").await;
+/// A test's namespace, with nodewarden's CRDs and medik8s-leases as
+/// manifests/base makes it (idempotent, left for the other tests), and a
+/// release into that namespace with `values`, managing only the test's
+/// Nodes and objects and leaving medik8s-leases alone; its name (it
+/// contains "nodewarden") names its cluster-wide objects.
+async fn test_release(test: &str, mut values: Value) -> (TestEnv, Release) {
+    let env = TestEnv::new(test).await;
     support::install_crds(&env.client).await;
-    // medik8s-leases as manifests/base makes it (idempotent, left for the
-    // other tests): this release leaves it alone.
     support::apply_manifest(
         &env.client,
         &support::repo().join("manifests/base/namespace.yaml"),
     )
     .await;
     let selector = env.run_selector();
-    // In the test's namespace, managing only the test's Nodes and objects;
-    // its name (it contains "nodewarden") names its cluster-wide objects.
-    let release = Release::new(
-        &format!("nodewarden-{}", env.id),
-        &env.namespace,
-        json!({
-            "replicas": 1,
-            "manage": {"nodes": selector, "objects": selector},
-            "maintenance": {"createLeaseNamespace": false},
-        }),
-    );
+    values["manage"] = json!({"nodes": selector, "objects": selector});
+    values["maintenance"] = json!({"createLeaseNamespace": false});
+    let release = Release::new(&format!("nodewarden-{}", env.id), &env.namespace, values);
+    (env, release)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_as_the_rendered_deployment_takes_the_lease_and_serves_the_webhook() {
+    let (env, release) = test_release("chart-replica", json!({"replicas": 1})).await;
     let name = release.name.clone();
     // Deleted however the test ends.
     let _made = ReleaseObjects(name.clone());
@@ -951,6 +953,44 @@ pub(crate) async fn run_as_rendered(env: &TestEnv, name: &str, docs: &[Value]) {
         }
     }
 
+    let (replicas, identity) = start_as_rendered(env, name, docs, webhook_port).await;
+    // The webhook: its own certificate in the release's Secret, the
+    // caBundle set in the release's configuration (the ClusterRole names
+    // it), and a review of a NodeMaintenance answered by the replica.
+    support::admission::wait_ca_bundle(env, name).await;
+    let nm = support::admission::maintenance(env, "missing-node", "no-such-node");
+    let refused = support::admission::create(&Api::all(env.client.clone()), &nm).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.contains("invalid nodeName, no node with name no-such-node found")),
+        "the webhook refuses a maintenance of a missing node: {refused:?}\n{}",
+        replicas.tail_logs()
+    );
+    // Every call it made was allowed by the chart's RBAC.
+    let log =
+        std::fs::read_to_string(replica_log_dir(&env.id).join(format!("{identity}.log"))).unwrap_or_default();
+    let forbidden: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    assert!(
+        forbidden.is_empty(),
+        "the replica was refused:\n{}",
+        forbidden.join("\n")
+    );
+
+    drop(replicas);
+}
+
+/// Starts the release's Deployment's container as the kubelet would (one
+/// replica, the rendered args and environment, a token of the rendered
+/// ServiceAccount, its webhook on `webhook_port`) and waits until it holds
+/// the Lease in the release's namespace and answers /readyz. Returns it
+/// running, and its identity (its pod's name).
+async fn start_as_rendered(
+    env: &TestEnv,
+    name: &str,
+    docs: &[Value],
+    webhook_port: u16,
+) -> (Replicas, String) {
     // The pod's container as the kubelet runs it: the rendered args and
     // environment, a token of the rendered ServiceAccount. Its addresses
     // are the harness's loopback ports (0.0.0.0:8080 and :9443 are the pod's).
@@ -1009,27 +1049,214 @@ pub(crate) async fn run_as_rendered(env: &TestEnv, name: &str, docs: &[Value]) {
         }
     })
     .await;
-    // The webhook: its own certificate in the release's Secret, the
-    // caBundle set in the release's configuration (the ClusterRole names
-    // it), and a review of a NodeMaintenance answered by the replica.
-    support::admission::wait_ca_bundle(env, name).await;
-    let nm = support::admission::maintenance(env, "missing-node", "no-such-node");
-    let refused = support::admission::create(&Api::all(env.client.clone()), &nm).await;
-    assert!(
-        refused
+    (replicas, identity)
+}
+
+/// A post-renderer (an executable in `dir`) that gives the webhook an
+/// objectSelector of the test's run label: installed by Helm, the webhook
+/// (failurePolicy Fail, calling a Service no pod serves here) must judge no
+/// other test's NodeMaintenances.
+fn webhook_for_the_test_only(env: &TestEnv, dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("post-render");
+    let script = format!(
+        "#!/bin/sh\nexec sed 's|^    failurePolicy: Fail$|    objectSelector: {{matchLabels: {{{RUN_LABEL}: {id}}}}}\\n    failurePolicy: Fail|'\n",
+        id = env.id
+    );
+    std::fs::write(&path, script).expect("writing the post-renderer");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("making it executable");
+    path
+}
+
+/// What the test's namespace holds beyond what every namespace has (its
+/// `default` ServiceAccount and `kube-root-ca.crt` ConfigMap) and Events,
+/// which expire: every kind the API server lists there, by discovery.
+async fn left_in_namespace(env: &TestEnv) -> Vec<String> {
+    use kube::discovery::{Discovery, Scope, verbs};
+    let discovery = Discovery::new(env.client.clone()).run().await.expect("discovery");
+    let mut left = Vec::new();
+    for group in discovery.groups() {
+        for (resource, caps) in group.recommended_resources() {
+            if caps.scope != Scope::Namespaced
+                || !caps.supports_operation(verbs::LIST)
+                || resource.kind == "Event"
+            {
+                continue;
+            }
+            let api: Api<kube::core::DynamicObject> =
+                Api::namespaced_with(env.client.clone(), &env.namespace, &resource);
+            let Ok(list) = api.list(&Default::default()).await else {
+                continue;
+            };
+            for item in list.items {
+                let name = item.metadata.name.unwrap_or_default();
+                let everywhere = matches!(
+                    (resource.kind.as_str(), name.as_str()),
+                    ("ServiceAccount", "default") | ("ConfigMap", "kube-root-ca.crt")
+                );
+                if !everywhere {
+                    left.push(format!("{} {name}", resource.kind));
+                }
+            }
+        }
+    }
+    left
+}
+
+/// The Helm ownership of an object: its managed-by label and release annotation.
+fn helm_owner(meta: &kube::api::ObjectMeta) -> (Option<&str>, Option<&str>) {
+    (
+        meta.labels
             .as_ref()
-            .is_err_and(|e| e.contains("invalid nodeName, no node with name no-such-node found")),
-        "the webhook refuses a maintenance of a missing node: {refused:?}\n{}",
+            .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+            .map(String::as_str),
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get("meta.helm.sh/release-name"))
+            .map(String::as_str),
+    )
+}
+
+/// Whether `api` holds an object named `name`.
+async fn exists<K>(api: Api<K>, name: &str) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("reading {name}: {e}"))
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_uninstall_leaves_nothing_of_the_release_behind() {
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    // The defaults (3 replicas, their budget, the webhook with nodewarden's
+    // own certificates); the pods wait for a node that never comes (the
+    // test runs the container itself), so they hold up no other test's drain.
+    let (env, mut release) = test_release("chart-uninstall", json!({})).await;
+    release.values["nodeSelector"] = json!({RUN_LABEL: env.id});
+    let name = release.name.clone();
+    let _made = ReleaseObjects(name.clone());
+    let scratch = tempfile::tempdir().expect("a directory");
+    let renderer = webhook_for_the_test_only(&env, scratch.path());
+    let docs = release
+        .template_through(&renderer)
+        .unwrap_or_else(|e| panic!("helm template failed:\n{e}"));
+    assert_eq!(
+        find(&docs, "ValidatingWebhookConfiguration", &name)["webhooks"][0]["objectSelector"],
+        json!({"matchLabels": {RUN_LABEL: env.id}}),
+        "the webhook judges this test's objects only"
+    );
+    let kubeconfig = support::control_plane().kubeconfig.clone();
+    if let Err(e) = release.install(&kubeconfig, &renderer) {
+        panic!("helm install failed:\n{e}");
+    }
+
+    // The ReplicaSet's pods are admitted with system-cluster-critical outside kube-system.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    wait_for("the release's 3 pods", Duration::from_secs(60), || async {
+        match pods.list(&Default::default()).await {
+            Ok(list) if list.items.len() == 3 => Probe::Done(list.items),
+            Ok(list) => Probe::NotYet(format!("{} pods", list.items.len())),
+            Err(e) => Probe::NotYet(e.to_string()),
+        }
+    })
+    .await
+    .iter()
+    .for_each(|pod| {
+        let spec = pod.spec.as_ref().expect("a spec");
+        assert_eq!(
+            (spec.priority_class_name.as_deref(), spec.priority),
+            (Some("system-cluster-critical"), Some(2_000_000_000))
+        );
+    });
+
+    // A replica takes the Lease Helm made empty and fills the Secret Helm
+    // made empty; both stay Helm's.
+    let (replicas, identity) = start_as_rendered(&env, &name, &docs, support::admission::free_port()).await;
+    support::admission::wait_ca_bundle(&env, &name).await;
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.namespace);
+    let secret = wait_for(
+        "the certificates in the Secret",
+        Duration::from_secs(30),
+        || async {
+            match secrets.get("nodewarden-webhook-tls").await {
+                Ok(s) if s.data.as_ref().is_some_and(|d| d.contains_key("tls.crt")) => Probe::Done(s),
+                other => Probe::NotYet(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(helm_owner(&secret.metadata), (Some("Helm"), Some(name.as_str())));
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let lease = leases.get("nodewarden").await.expect("the Lease");
+    assert_eq!(
+        lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()),
+        Some(identity.as_str())
+    );
+    assert!(
+        lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()).is_some(),
+        "renewed"
+    );
+    assert_eq!(helm_owner(&lease.metadata), (Some("Helm"), Some(name.as_str())));
+
+    // Uninstalled while the replica still runs, as the pods do until they
+    // are stopped: nothing of the release stays, or comes back once its
+    // RBAC is gone.
+    if let Err(e) = release.uninstall(&kubeconfig) {
+        panic!("helm uninstall failed:\n{e}");
+    }
+    wait_for(
+        "nothing of the release in its namespace",
+        Duration::from_secs(60),
+        || async {
+            match left_in_namespace(&env).await {
+                left if left.is_empty() => Probe::Done(()),
+                left => Probe::NotYet(format!("{left:?}")),
+            }
+        },
+    )
+    .await;
+    // Past a few of the leader's renewals (every 2 s).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let left = left_in_namespace(&env).await;
+    assert!(
+        left.is_empty(),
+        "back after the uninstall: {left:?}\n{}",
         replicas.tail_logs()
     );
-    // Every call it made was allowed by the chart's RBAC.
-    let log = std::fs::read_to_string(dir.join(format!("{identity}.log"))).unwrap_or_default();
-    let forbidden: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
-    assert!(
-        forbidden.is_empty(),
-        "the replica was refused:\n{}",
-        forbidden.join("\n")
-    );
-
     drop(replicas);
+    let client = &env.client;
+    let leases_role = format!("{name}-node-leases");
+    for (left, what) in [
+        (
+            exists(Api::<ClusterRole>::all(client.clone()), &name).await,
+            "the ClusterRole",
+        ),
+        (
+            exists(Api::<ClusterRoleBinding>::all(client.clone()), &name).await,
+            "the ClusterRoleBinding",
+        ),
+        (
+            exists(Api::<ValidatingWebhookConfiguration>::all(client.clone()), &name).await,
+            "the webhook configuration",
+        ),
+        (
+            exists(
+                Api::<Role>::namespaced(client.clone(), "medik8s-leases"),
+                &leases_role,
+            )
+            .await,
+            "the Role of the maintenance Leases",
+        ),
+    ] {
+        assert!(!left, "{what} outlived the release");
+    }
+    // Kept on purpose: the CRDs (and with them everyone's objects).
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    assert!(exists(crds, "nodemaintenances.nodemaintenance.medik8s.io").await);
+    env.cleanup().await;
 }

@@ -91,6 +91,11 @@ pub struct KubeLeaseLock {
     api: Api<Lease>,
     namespace: String,
     name: String,
+    /// The metadata of the Lease as last read or written. An update writes
+    /// it back (labels, annotations, owner references), as client-go's
+    /// LeaseLock does, so a Lease someone else made (a Helm chart's, which
+    /// Helm finds by its labels and annotations) keeps what they put there.
+    last: std::sync::Mutex<Option<ObjectMeta>>,
 }
 
 impl KubeLeaseLock {
@@ -100,6 +105,7 @@ impl KubeLeaseLock {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
+            last: std::sync::Mutex::new(None),
         }
     }
 
@@ -107,10 +113,17 @@ impl KubeLeaseLock {
         let resource_version = lease
             .metadata
             .resource_version
+            .clone()
             .filter(|rv| !rv.is_empty())
             .ok_or_else(|| LeaseError::NoResourceVersion {
                 lease: self.describe(),
             })?;
+        let mut metadata = lease.metadata;
+        metadata.managed_fields = None;
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(metadata);
         Ok(LeaseRecord {
             spec: lease.spec.unwrap_or_default(),
             resource_version,
@@ -118,13 +131,13 @@ impl KubeLeaseLock {
     }
 
     fn lease(&self, resource_version: Option<&str>, spec: LeaseSpec) -> Lease {
+        let last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         Lease {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                namespace: Some(self.namespace.clone()),
-                resource_version: resource_version.map(str::to_owned),
-                ..ObjectMeta::default()
-            },
+            metadata: lease_metadata(&self.namespace, &self.name, resource_version, last),
             spec: Some(spec),
         }
     }
@@ -233,6 +246,27 @@ impl LeaseLock for KubeLeaseLock {
     }
 }
 
+/// The metadata of a write of Lease `namespace/name`: a create (no
+/// `resource_version`) names the Lease alone; an update at the version last
+/// read keeps that read's metadata, and at any other version (a write
+/// without a read before it) names the Lease alone, as before.
+fn lease_metadata(
+    namespace: &str,
+    name: &str,
+    resource_version: Option<&str>,
+    last: Option<ObjectMeta>,
+) -> ObjectMeta {
+    match (resource_version, last) {
+        (Some(rv), Some(last)) if last.resource_version.as_deref() == Some(rv) => last,
+        _ => ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            resource_version: resource_version.map(str::to_owned),
+            ..ObjectMeta::default()
+        },
+    }
+}
+
 /// A standby's lease watch is replaced every retry period anyway; this only
 /// bounds one left open by a caller that stopped polling it.
 const WATCH_TIMEOUT_SECONDS: u32 = 60;
@@ -308,5 +342,34 @@ pub fn holding_spec(current: &LeaseSpec, identity: &str, lease_seconds: i32, now
         }),
         // Keep fields we do not manage (strategy, preferredHolder).
         ..current.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_update_keeps_the_metadata_read_at_its_version() {
+        let read = ObjectMeta {
+            name: Some("nodewarden".into()),
+            namespace: Some("ops".into()),
+            resource_version: Some("7".into()),
+            labels: Some([("app.kubernetes.io/managed-by".to_string(), "Helm".to_string())].into()),
+            annotations: Some([("meta.helm.sh/release-name".to_string(), "nodewarden".to_string())].into()),
+            ..ObjectMeta::default()
+        };
+        let kept = lease_metadata("ops", "nodewarden", Some("7"), Some(read.clone()));
+        assert_eq!(
+            kept, read,
+            "an update at the version read writes its metadata back"
+        );
+        let other = lease_metadata("ops", "nodewarden", Some("8"), Some(read.clone()));
+        assert_eq!(
+            (other.labels, other.resource_version.as_deref()),
+            (None, Some("8"))
+        );
+        let created = lease_metadata("ops", "nodewarden", None, Some(read));
+        assert_eq!((created.labels, created.resource_version), (None, None));
     }
 }

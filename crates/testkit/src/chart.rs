@@ -97,6 +97,48 @@ impl Release {
         answer(out)
     }
 
+    /// `helm install` of this release against the API server of
+    /// `kubeconfig`, without the CRDs (the tests install them), its
+    /// manifests passed through the executable `post_renderer` first;
+    /// `template` takes it too, to show what would be installed.
+    pub fn install(&self, kubeconfig: &Path, post_renderer: &Path) -> Result<String, String> {
+        let (kubeconfig, post_renderer) = (kubeconfig.to_string_lossy(), post_renderer.to_string_lossy());
+        self.run(&[
+            "install",
+            &self.name,
+            "--skip-crds",
+            "--kubeconfig",
+            &kubeconfig,
+            "--post-renderer",
+            &post_renderer,
+        ])
+    }
+
+    /// `helm template` as [`Release::install`] renders it, through `post_renderer`.
+    pub fn template_through(&self, post_renderer: &Path) -> Result<Vec<Value>, String> {
+        let post_renderer = post_renderer.to_string_lossy();
+        let text = self.run(&["template", &self.name, "--post-renderer", &post_renderer])?;
+        documents(&text)
+    }
+
+    /// `helm uninstall --wait`: Helm deletes what it installed and waits
+    /// until the API server no longer has it.
+    pub fn uninstall(&self, kubeconfig: &Path) -> Result<String, String> {
+        let out = helm_command()
+            .args([
+                "uninstall",
+                &self.name,
+                "--wait",
+                "--namespace",
+                &self.namespace,
+                "--kubeconfig",
+            ])
+            .arg(kubeconfig)
+            .output()
+            .expect("running helm");
+        answer(out)
+    }
+
     /// `helm lint --strict`: its report, or why it failed.
     pub fn lint(&self) -> Result<String, String> {
         self.run(&["lint", "--strict"])
@@ -106,11 +148,16 @@ impl Release {
     /// error (a value the schema refuses, a required value missing).
     pub fn template(&self) -> Result<Vec<Value>, String> {
         let text = self.run(&["template", &self.name, "--include-crds"])?;
-        let docs = serde_norway::Deserializer::from_str(&text)
-            .map(|doc| Value::deserialize(doc).map_err(|e| format!("helm printed invalid YAML: {e}")))
-            .collect::<Result<Vec<Value>, String>>()?;
-        Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+        documents(&text)
     }
+}
+
+/// The documents helm printed, empty ones left out.
+fn documents(text: &str) -> Result<Vec<Value>, String> {
+    let docs = serde_norway::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).map_err(|e| format!("helm printed invalid YAML: {e}")))
+        .collect::<Result<Vec<Value>, String>>()?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
 
 /// The container of the Deployment `name` among rendered `docs`.
