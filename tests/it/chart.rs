@@ -398,6 +398,42 @@ fn production_settings_render_safe_defaults_and_what_is_given() {
 }
 
 #[test]
+fn etcd_on_control_plane_takes_the_boolean_that_set_gives() {
+    // `--set etcd.onControlPlane=false` gives a boolean, `--set-string` a string.
+    for (values, flag, host_pki) in [
+        (
+            json!({"etcd": {"onControlPlane": false}}),
+            "--etcd-on-control-plane=false",
+            false,
+        ),
+        (
+            json!({"etcd": {"onControlPlane": "false"}}),
+            "--etcd-on-control-plane=false",
+            false,
+        ),
+        (
+            json!({"etcd": {"onControlPlane": true}}),
+            "--etcd-on-control-plane=true",
+            true,
+        ),
+        (
+            json!({"webhook": {"etcdOnControlPlane": false}}),
+            "--etcd-on-control-plane=false",
+            false,
+        ),
+    ] {
+        let docs = render(SYSTEM_NAMESPACE, &values);
+        assert!(
+            args(&docs).iter().any(|a| a == flag),
+            "{values}: {:?}",
+            args(&docs)
+        );
+        let pki = args(&docs).iter().any(|a| a.starts_with("--etcd-pki-dir="));
+        assert_eq!(pki, host_pki, "{values}: the host's etcd certificates");
+    }
+}
+
+#[test]
 fn the_schema_refuses_bad_values_naming_them() {
     let bad = [
         (json!({"cloud": {"provider": "gcp"}}), "at '/cloud/provider'"),

@@ -80,9 +80,19 @@ given or etcd is external.
 {{- if and $e.hostPKI.enabled (not $e.endpoints) (ne (include "nodewarden.etcdOnControlPlane" .) "false") }}true{{ end -}}
 {{- end -}}
 
-{{/* --etcd-on-control-plane: etcd.onControlPlane, else the older webhook.etcdOnControlPlane. */}}
+{{/*
+--etcd-on-control-plane: etcd.onControlPlane, else the older
+webhook.etcdOnControlPlane; "true" and "false" also as booleans (what
+`--set etcd.onControlPlane=false` gives), which `default` would pass over.
+*/}}
 {{- define "nodewarden.etcdOnControlPlane" -}}
-{{- .Values.etcd.onControlPlane | default .Values.webhook.etcdOnControlPlane | default "" -}}
+{{- $given := "" -}}
+{{- range list .Values.etcd.onControlPlane .Values.webhook.etcdOnControlPlane -}}
+{{- if and (eq $given "") (or (kindIs "bool" .) (ne (toString (. | default "")) "")) -}}
+{{- $given = toString . -}}
+{{- end -}}
+{{- end -}}
+{{- $given -}}
 {{- end -}}
 
 {{/* Where the pod keeps its copy of the etcd certificates. */}}
