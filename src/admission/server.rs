@@ -31,7 +31,7 @@ use super::certs::{self, CertBundle};
 use super::limits::{self, Limits, Refusal};
 use super::metrics::{WebhookMetrics, WebhookRefusal};
 use super::review::{self, Reviewed};
-use super::rules::{self, ControlPlane, EtcdPlacement, EtcdPod, MaintenanceCreate, Requester};
+use super::rules::{self, ControlPlane, EtcdPlacement, MaintenanceCreate, Requester};
 use super::{AdmissionConfig, CertSource};
 use crate::api::node_maintenance::{DRAIN_FOR_LABEL, MaintenanceObject, MaintenancePhase, kubevirt, medik8s};
 use crate::api::update::NodeVersion;
@@ -339,17 +339,6 @@ async fn maintenances(client: &Client, except: &str) -> Result<Vec<(String, bool
         .collect())
 }
 
-/// The static etcd pods (one LIST of kube-system by label: a few pods),
-/// read only where they decide something.
-async fn etcd_pods(client: &Client, placement: EtcdPlacement) -> Result<Vec<EtcdPod>, String> {
-    if placement != EtcdPlacement::Detect {
-        return Ok(Vec::new());
-    }
-    crate::etcd::placement::static_etcd_pods(client)
-        .await
-        .map_err(|e| format!("cannot list the etcd pods now: {e}"))
-}
-
 async fn maintenance_create(
     webhook: &Webhook,
     name: &str,
@@ -386,7 +375,9 @@ async fn maintenance_create(
                 .map_err(|e| format!("cannot list the control-plane nodes now: {e}"))?;
             let control_plane: Vec<&Node> = all.items.iter().filter(|n| is_control_plane(n)).collect();
             let names = control_plane.iter().map(|n| n.name_any()).collect();
-            let pods = etcd_pods(client, webhook.etcd).await?;
+            let pods = crate::etcd::placement::static_etcd_pods_for(client, webhook.etcd)
+                .await
+                .map_err(|e| format!("cannot list the etcd pods now: {e}"))?;
             Some(ControlPlane {
                 members: rules::etcd_members(webhook.etcd, &names, &pods),
                 available: control_plane

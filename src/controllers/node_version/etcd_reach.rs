@@ -17,7 +17,7 @@ use super::retire::{CONTROL_PLANE_LABEL, internal_ip};
 use crate::api::update::NodeVersion;
 use crate::error::Result;
 use crate::etcd::access::unreachable_advice;
-use crate::etcd::placement::{EtcdPlacement, EtcdPod, etcd_members, static_etcd_pods};
+use crate::etcd::placement::{etcd_members, static_etcd_pods_for};
 use crate::etcd::{Discovery, EtcdClient, EtcdSetup};
 
 /// How a retirement reaches the node's etcd member.
@@ -68,7 +68,7 @@ impl NodeVersionReconciler {
             control_plane.push(itself);
         }
         let names: BTreeSet<String> = control_plane.iter().map(|c| c.name_any()).collect();
-        let pods = self.etcd_pods(discovery.placement).await?;
+        let pods = static_etcd_pods_for(&self.client, discovery.placement).await?;
         let Some(found) = etcd_members(discovery.placement, &names, &pods).remove(&node) else {
             return Ok(Reach::NoMember);
         };
@@ -85,14 +85,6 @@ impl NodeVersionReconciler {
                 &e.to_string(),
             ))),
         }
-    }
-
-    /// The static etcd pods, where they decide (one LIST of kube-system by label).
-    async fn etcd_pods(&self, placement: EtcdPlacement) -> Result<Vec<EtcdPod>> {
-        if placement != EtcdPlacement::Detect {
-            return Ok(Vec::new());
-        }
-        Ok(static_etcd_pods(&self.client).await?)
     }
 
     /// Reports that `node`'s member (known by `found`) cannot be reached
