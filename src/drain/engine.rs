@@ -76,6 +76,9 @@ impl Default for DrainOptions {
 /// How far a drain has come, in the terms NodeMaintenance's status reports.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DrainProgress {
+    /// Whether the node's pods were listed and counted: until then the
+    /// counts below are zeros, not the node's.
+    pub counted: bool,
     /// All pods on the node when the drain began.
     pub total_pods: i32,
     /// Pods to evict when the drain began.
@@ -512,11 +515,16 @@ impl DrainRun {
             Some(k) => to_remove(&all, k, now),
         };
         if first {
-            // The totals are the node's as the drain began; later looks keep them.
+            // The totals are the node's as the drain began; later looks keep
+            // them. The pending pods come with them, so no reader sees the
+            // totals with none of their pods left.
             let (total, evict) = (all.len() as i32, pending.len() as i32);
+            let refs: Vec<PodReference> = pending.iter().map(|p| reference(p)).collect();
             self.update(|s| {
+                s.progress.counted = true;
                 s.progress.total_pods = total;
                 s.progress.eviction_pods = evict;
+                s.progress.pending = refs;
             });
         }
         // kubectl refuses the whole drain while any pod blocks it: nothing

@@ -145,14 +145,24 @@ fn cordoned(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
 }
 
-/// Event reasons recorded for the NodeMaintenance `name`.
-async fn event_reasons(env: &TestEnv, name: &str) -> BTreeSet<String> {
+/// Events recorded for the NodeMaintenance `name`: reason and note.
+async fn events_of(env: &TestEnv, name: &str) -> Vec<(String, String)> {
     let events: Api<Event> = Api::all(env.client.clone());
     events
         .list(&ListParams::default().fields(&format!("regarding.name={name}")))
         .await
-        .map(|l| l.items.into_iter().filter_map(|e| e.reason).collect())
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter_map(|e| Some((e.reason?, e.note.unwrap_or_default())))
+                .collect()
+        })
         .unwrap_or_default()
+}
+
+/// Event reasons recorded for the NodeMaintenance `name`.
+async fn event_reasons(env: &TestEnv, name: &str) -> BTreeSet<String> {
+    events_of(env, name).await.into_iter().map(|(r, _)| r).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,6 +308,20 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
             "event {reason} missing from {reasons:?}"
         );
     }
+    // The maintenance begins before the node's pods are counted: its Event
+    // says so, or the count if it came first, never a count of nothing.
+    let begun: Vec<String> = events_of(&env, &name)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "BeginMaintenance")
+        .map(|(_, note)| note)
+        .collect();
+    let begins = format!("node {target}: the drain begins (the node's pods are being counted)");
+    let counted = format!("node {target}: 5 of 5 pods to evict left");
+    assert!(
+        begun.iter().all(|n| *n == begins || *n == counted) && !begun.is_empty(),
+        "BeginMaintenance says what is true as it begins: {begun:?}"
+    );
     op.stop().await;
     env.cleanup().await;
 }
