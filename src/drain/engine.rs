@@ -26,7 +26,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::budgets::{BudgetWatch, Freed};
 use super::kubectl::{self, KubectlDrain, Verdict};
-use super::pods::{PodClass, classify, covering_budgets, reference};
+use super::pods::{classify, covering_budgets, reference};
 use crate::api::node_maintenance::{DrainBlocker, DrainTimeoutPolicy, PodReference};
 use crate::runtime::backoff::{Backoff, BackoffConfig};
 use crate::runtime::leader::LeaderHandle;
@@ -356,11 +356,7 @@ struct Round {
 
 /// The pods that must go through eviction, in a stable order.
 fn to_evict(all: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
-    let mut pending: Vec<Arc<Pod>> = all
-        .iter()
-        .filter(|p| classify(p) == PodClass::Evict)
-        .cloned()
-        .collect();
+    let mut pending: Vec<Arc<Pod>> = all.iter().filter(|p| classify(p).evicted()).cloned().collect();
     pending.sort_by_key(|p| reference(p));
     pending
 }

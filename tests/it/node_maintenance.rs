@@ -191,6 +191,15 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
         .await
         .expect("creating a daemonset");
     bare_pod(&env, "lonely", &target).await;
+    bare_pod(&env, "finished", &target).await;
+    wait_ready_pods(&env, &target, 7).await;
+    // A bare pod that ran to completion: kubectl drain removes it too.
+    let finished =
+        json!({"status": {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False"}]}});
+    Api::<Pod>::namespaced(env.client.clone(), &env.namespace)
+        .patch_status("finished", &PatchParams::default(), &Patch::Merge(&finished))
+        .await
+        .expect("the pod finished");
     wait_ready_pods(&env, &target, 6).await;
     let others = env.create_kwok_nodes(2, &[]).await;
 
@@ -200,8 +209,12 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
     let done = wait_phase(&env.client, &name, MaintenancePhase::Succeeded).await;
     let status = done.status.expect("a status");
     assert_eq!(status.drain_progress, Some(100));
-    assert_eq!(status.total_pods, Some(6), "4 web + 1 daemonset + 1 bare pod");
-    assert_eq!(status.eviction_pods, Some(5), "the daemonset pod stays");
+    assert_eq!(
+        status.total_pods,
+        Some(7),
+        "4 web + 1 daemonset + 1 bare pod + 1 finished pod"
+    );
+    assert_eq!(status.eviction_pods, Some(6), "the daemonset pod stays");
     assert_eq!(status.pending_pods.as_deref().map(<[String]>::len), Some(0));
     let condition = &status.conditions.expect("conditions")[0];
     assert_eq!(
@@ -211,7 +224,7 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
     assert_eq!(condition.observed_generation, done.metadata.generation);
 
     // The Deployment's pods moved to the other nodes; the DaemonSet pod stayed;
-    // the bare pod is gone.
+    // the bare pod and the finished one are gone.
     wait_for("4 web pods Ready on the other nodes", TIMEOUT, || async {
         let mut ready_elsewhere = 0;
         for n in &others {
@@ -317,7 +330,7 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
         .map(|(_, note)| note)
         .collect();
     let begins = format!("node {target}: the drain begins (the node's pods are being counted)");
-    let counted = format!("node {target}: 5 of 5 pods to evict left");
+    let counted = format!("node {target}: 6 of 6 pods to evict left");
     assert!(
         begun.iter().all(|n| *n == begins || *n == counted) && !begun.is_empty(),
         "BeginMaintenance says what is true as it begins: {begun:?}"

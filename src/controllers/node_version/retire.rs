@@ -268,7 +268,7 @@ impl NodeVersionReconciler {
     /// shows, while it is connected; else they are listed, read fresh (a
     /// read that waits up to 0.1 s for the API server's pod cache).
     async fn evict_stragglers(&self, node: &str) -> Result<()> {
-        use crate::drain::pods::{PodClass, classify};
+        use crate::drain::pods::classify;
         let left: Vec<Arc<Pod>> = match self.drains.pods_since_success(node) {
             Some(watched) => watched,
             None => {
@@ -278,7 +278,7 @@ impl NodeVersionReconciler {
                     .await?
                     .items
                     .into_iter()
-                    .filter(|p| classify(p) == PodClass::Evict)
+                    .filter(|p| classify(p).evicted())
                     .map(Arc::new)
                     .collect()
             }
