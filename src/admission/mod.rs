@@ -56,7 +56,7 @@ pub struct AdmissionConfig {
     pub namespace: String,
     /// Name of the certificate Secret.
     pub secret: String,
-    /// The ValidatingWebhookConfiguration whose caBundle the leader keeps current.
+    /// The ValidatingWebhookConfiguration whose caBundle every replica keeps current.
     pub webhook_configuration: String,
     /// Names the serving certificate is valid for.
     pub names: ServingNames,
