@@ -30,8 +30,9 @@ use serde_json::json;
 use crate::api::node_maintenance::{DRAIN_FOR_LABEL, MaintenanceObject, kubevirt, medik8s};
 use crate::api::plan::Plan;
 use crate::api::update::{AutoscalingStrategy, JoiningNode, NodeVersion, PendingNode, ScalingGroup};
-use crate::controllers::{node_maintenance, plan};
+use crate::controllers::{delete_if_present, node_maintenance, plan};
 use crate::drain::node::{recorded_changes, undo};
+use crate::error::{Error, Result};
 
 /// The prefix of nodewarden's own annotations, labels and finalizers.
 pub const PREFIX: &str = "nodewarden.dev/";
@@ -114,10 +115,10 @@ impl Report {
 
 /// Whether `e` passes (the API server restarting, throttling, a dropped
 /// connection): every step is repeatable, so the whole handover runs again.
-pub fn is_transient(e: &kube::Error) -> bool {
+pub fn is_transient(e: &Error) -> bool {
     match e {
-        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
-        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        Error::Kube(kube::Error::Api(s)) => s.code == 429 || s.code >= 500,
+        Error::Kube(kube::Error::HyperError(_) | kube::Error::Service(_)) => true,
         _ => false,
     }
 }
@@ -129,7 +130,7 @@ pub async fn hand_over_retrying(
     scope: &Scope,
     namespace: &str,
     attempts: usize,
-) -> Result<Report, kube::Error> {
+) -> Result<Report> {
     use backon::{BackoffBuilder, ExponentialBuilder};
     let mut pauses = ExponentialBuilder::default()
         .with_min_delay(std::time::Duration::from_secs(1))
@@ -156,7 +157,7 @@ pub async fn hand_over_retrying(
 }
 
 /// Hands everything over (see the module docs); `namespace` is nodewarden's.
-pub async fn hand_over(client: &Client, scope: &Scope, namespace: &str) -> Result<Report, kube::Error> {
+pub async fn hand_over(client: &Client, scope: &Scope, namespace: &str) -> Result<Report> {
     let mut report = Report::default();
     let mut maintenances = BTreeMap::new();
     maintenances.extend(release_maintenances::<medik8s::NodeMaintenance>(client, scope, &mut report).await?);
@@ -181,7 +182,7 @@ async fn release_maintenances<M: MaintenanceObject>(
     client: &Client,
     scope: &Scope,
     report: &mut Report,
-) -> Result<BTreeMap<String, bool>, kube::Error> {
+) -> Result<BTreeMap<String, bool>> {
     let api: Api<M> = Api::all(client.clone());
     let mut owners = BTreeMap::new();
     for m in api.list(&scope.objects()).await?.items {
@@ -203,13 +204,11 @@ async fn release_maintenances<M: MaintenanceObject>(
             ));
         }
         if own {
-            match api.delete(&m.name_any(), &DeleteParams::default()).await {
-                Ok(_) => report.note(format!(
+            if delete_if_present(&api, &m.name_any(), &DeleteParams::default()).await? {
+                report.note(format!(
                     "NodeMaintenance {}: nodewarden's own drain deleted",
                     m.name_any()
-                )),
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e),
+                ));
             }
         } else {
             strip(&api, &m, "NodeMaintenance", report).await?;
@@ -219,7 +218,7 @@ async fn release_maintenances<M: MaintenanceObject>(
 }
 
 /// Plans lose nodewarden's finalizer and marks; their prepare Jobs go.
-async fn release_plans(client: &Client, scope: &Scope, report: &mut Report) -> Result<(), kube::Error> {
+async fn release_plans(client: &Client, scope: &Scope, report: &mut Report) -> Result<()> {
     let api: Api<Plan> = Api::all(client.clone());
     for p in api.list(&scope.objects()).await?.items {
         let namespaced: Api<Plan> = Api::namespaced(client.clone(), &p.namespace().unwrap_or_default());
@@ -255,7 +254,7 @@ async fn release_nodes(
     scope: &Scope,
     maintenances: &BTreeMap<String, bool>,
     report: &mut Report,
-) -> Result<(), kube::Error> {
+) -> Result<()> {
     let api: Api<Node> = Api::all(client.clone());
     for n in api.list(&scope.nodes()).await?.items {
         let node = match recorded_changes(&n).map(|r| (node_record(&r.owner, maintenances), r.owner)) {
@@ -284,7 +283,7 @@ async fn release_nodes(
 }
 
 /// Every object of kind `K` loses nodewarden's marks.
-async fn strip_kind<K>(client: &Client, selected: &ListParams, report: &mut Report) -> Result<(), kube::Error>
+async fn strip_kind<K>(client: &Client, selected: &ListParams, report: &mut Report) -> Result<()>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -301,7 +300,7 @@ where
 }
 
 /// `o` without nodewarden's annotations and labels (when it has any).
-async fn strip<K>(api: &Api<K>, o: &K, kind: &str, report: &mut Report) -> Result<(), kube::Error>
+async fn strip<K>(api: &Api<K>, o: &K, kind: &str, report: &mut Report) -> Result<()>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -317,30 +316,17 @@ where
     Ok(())
 }
 
-/// The leader Lease and the webhook's Secret in nodewarden's namespace.
-async fn remove_own_state(client: &Client, namespace: &str, report: &mut Report) -> Result<(), kube::Error> {
+/// The leader Lease and the webhook's Secret in nodewarden's namespace, by
+/// the names the operator gives them unless told otherwise.
+async fn remove_own_state(client: &Client, namespace: &str, report: &mut Report) -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let gone = |r: Result<_, kube::Error>| match r {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(e),
-    };
-    if gone(
-        leases
-            .delete("nodewarden", &DeleteParams::default())
-            .await
-            .map(|_| ()),
-    )? {
-        report.note(format!("Lease {namespace}/nodewarden deleted"));
+    let (lease, secret) = (crate::operator::LEASE_NAME, crate::admission::WEBHOOK_SECRET);
+    if delete_if_present(&leases, lease, &DeleteParams::default()).await? {
+        report.note(format!("Lease {namespace}/{lease} deleted"));
     }
-    if gone(
-        secrets
-            .delete("nodewarden-webhook-tls", &DeleteParams::default())
-            .await
-            .map(|_| ()),
-    )? {
-        report.note(format!("Secret {namespace}/nodewarden-webhook-tls deleted"));
+    if delete_if_present(&secrets, secret, &DeleteParams::default()).await? {
+        report.note(format!("Secret {namespace}/{secret} deleted"));
     }
     Ok(())
 }
@@ -399,8 +385,11 @@ mod tests {
                                 "labels": {"nodewarden.dev/drain-for": null}}})
         );
         assert_eq!(marks_patch(&map(&[("keep", "x")]), &BTreeMap::new()), None);
-        let status =
-            |code: u16| kube::Error::Api(Box::new(kube::core::Status::failure("x", "y").with_code(code)));
+        let status = |code: u16| {
+            Error::Kube(kube::Error::Api(Box::new(
+                kube::core::Status::failure("x", "y").with_code(code),
+            )))
+        };
         assert!(is_transient(&status(429)) && is_transient(&status(503)));
         assert!(!is_transient(&status(403)) && !is_transient(&status(409)));
     }

@@ -87,7 +87,7 @@ struct RunArgs {
     #[arg(long, env = "POD_NAMESPACE", default_value = "nodewarden-system")]
     lease_namespace: String,
     /// Name of the leader-election Lease.
-    #[arg(long, default_value = "nodewarden")]
+    #[arg(long, default_value = operator::LEASE_NAME)]
     lease_name: String,
     /// This replica's identity in the Lease (in a pod: the pod name). Default: hostname and pid.
     #[arg(long, env = "POD_NAME")]
@@ -280,7 +280,7 @@ struct RunArgs {
     #[arg(long, env = "NODEWARDEN_WEBHOOK_ADDR")]
     webhook_addr: Option<SocketAddr>,
     /// The webhook's Secret (CA and serving certificate, made by nodewarden).
-    #[arg(long, default_value = "nodewarden-webhook-tls")]
+    #[arg(long, default_value = nodewarden::admission::WEBHOOK_SECRET)]
     webhook_secret: String,
     /// Who makes the webhook's certificates: `own` (nodewarden: CA, renewal,
     /// caBundle) or `cert-manager` (it fills the Secret and the caBundle).
@@ -295,7 +295,7 @@ struct RunArgs {
     #[arg(long, env = "NODEWARDEN_ETCD_ON_CONTROL_PLANE", default_value = "auto")]
     etcd_on_control_plane: nodewarden::admission::rules::EtcdPlacement,
     /// The ValidatingWebhookConfiguration whose caBundle nodewarden keeps current.
-    #[arg(long, default_value = "nodewarden")]
+    #[arg(long, default_value = nodewarden::admission::WEBHOOK_CONFIGURATION)]
     webhook_configuration: String,
     /// How long a webhook client may take to finish its TLS handshake (seconds).
     #[arg(long, env = "NODEWARDEN_WEBHOOK_HANDSHAKE_TIMEOUT", default_value_t = limits::HANDSHAKE_TIMEOUT.as_secs_f64())]

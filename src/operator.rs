@@ -21,6 +21,9 @@ use crate::runtime::leader::{ConfigError, LeaderElectionConfig, LeaderElector};
 use crate::runtime::manager::{Manager, Source};
 use crate::telemetry::Metrics;
 
+/// The leader-election Lease's name unless `--lease-name` says otherwise.
+pub const LEASE_NAME: &str = "nodewarden";
+
 /// Everything `nodewarden run` is configured with.
 #[derive(Clone)]
 pub struct OperatorConfig {

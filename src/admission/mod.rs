@@ -41,6 +41,12 @@ pub enum CertSource {
     CertManager,
 }
 
+/// The certificate Secret's name unless `--webhook-secret` says otherwise.
+pub const WEBHOOK_SECRET: &str = "nodewarden-webhook-tls";
+/// The ValidatingWebhookConfiguration's name unless `--webhook-configuration`
+/// says otherwise.
+pub const WEBHOOK_CONFIGURATION: &str = "nodewarden";
+
 /// Where and how the webhook is served.
 #[derive(Clone, Debug)]
 pub struct AdmissionConfig {
@@ -50,7 +56,7 @@ pub struct AdmissionConfig {
     pub namespace: String,
     /// Name of the certificate Secret.
     pub secret: String,
-    /// The ValidatingWebhookConfiguration whose caBundle the leader keeps current.
+    /// The ValidatingWebhookConfiguration whose caBundle every replica keeps current.
     pub webhook_configuration: String,
     /// Names the serving certificate is valid for.
     pub names: ServingNames,
@@ -68,15 +74,15 @@ pub struct AdmissionConfig {
 }
 
 impl AdmissionConfig {
-    /// The in-cluster shape: Secret `nodewarden-webhook-tls`, configuration
-    /// `nodewarden`, a certificate for the Service `nodewarden-webhook`.
+    /// The in-cluster shape: Secret [`WEBHOOK_SECRET`], configuration
+    /// [`WEBHOOK_CONFIGURATION`], a certificate for the Service `nodewarden-webhook`.
     pub fn in_namespace(addr: SocketAddr, namespace: &str) -> AdmissionConfig {
         let service = "nodewarden-webhook";
         AdmissionConfig {
             addr,
             namespace: namespace.to_string(),
-            secret: "nodewarden-webhook-tls".into(),
-            webhook_configuration: "nodewarden".into(),
+            secret: WEBHOOK_SECRET.into(),
+            webhook_configuration: WEBHOOK_CONFIGURATION.into(),
             names: ServingNames {
                 dns: vec![
                     format!("{service}.{namespace}.svc"),

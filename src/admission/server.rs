@@ -31,7 +31,7 @@ use super::certs::{self, CertBundle};
 use super::limits::{self, Limits, Refusal};
 use super::metrics::{WebhookMetrics, WebhookRefusal};
 use super::review::{self, Reviewed};
-use super::rules::{self, ControlPlane, EtcdPlacement, EtcdPod, MaintenanceCreate, Requester};
+use super::rules::{self, ControlPlane, EtcdPlacement, MaintenanceCreate, Requester};
 use super::{AdmissionConfig, CertSource};
 use crate::api::node_maintenance::{DRAIN_FOR_LABEL, MaintenanceObject, MaintenancePhase, kubevirt, medik8s};
 use crate::api::update::NodeVersion;
@@ -339,17 +339,6 @@ async fn maintenances(client: &Client, except: &str) -> Result<Vec<(String, bool
         .collect())
 }
 
-/// The static etcd pods (one LIST of kube-system by label: a few pods),
-/// read only where they decide something.
-async fn etcd_pods(client: &Client, placement: EtcdPlacement) -> Result<Vec<EtcdPod>, String> {
-    if placement != EtcdPlacement::Detect {
-        return Ok(Vec::new());
-    }
-    crate::etcd::placement::static_etcd_pods(client)
-        .await
-        .map_err(|e| format!("cannot list the etcd pods now: {e}"))
-}
-
 async fn maintenance_create(
     webhook: &Webhook,
     name: &str,
@@ -386,7 +375,9 @@ async fn maintenance_create(
                 .map_err(|e| format!("cannot list the control-plane nodes now: {e}"))?;
             let control_plane: Vec<&Node> = all.items.iter().filter(|n| is_control_plane(n)).collect();
             let names = control_plane.iter().map(|n| n.name_any()).collect();
-            let pods = etcd_pods(client, webhook.etcd).await?;
+            let pods = crate::etcd::placement::static_etcd_pods_for(client, webhook.etcd)
+                .await
+                .map_err(|e| format!("cannot list the etcd pods now: {e}"))?;
             Some(ControlPlane {
                 members: rules::etcd_members(webhook.etcd, &names, &pods),
                 available: control_plane
@@ -411,7 +402,9 @@ async fn maintenance_create(
 /// Keeps the certificates current on every replica until `stop`: the
 /// Secret made when missing (the first writer wins, the others read its
 /// result), renewed by the leader when due, served as soon as it changes;
-/// the leader also keeps the configuration's caBundle equal to the CA.
+/// every replica also keeps the configuration's caBundle equal to the CA
+/// (a reinstalled configuration comes back empty, and the leader may be a
+/// full lease away).
 pub async fn keep_certificates(
     client: Client,
     config: AdmissionConfig,
@@ -434,7 +427,7 @@ pub async fn keep_certificates(
             }
         }
         // Again after `refresh`, or at once when leadership changes (a new
-        // leader checks the caBundle and the renewal without waiting).
+        // leader checks the renewal without waiting).
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(config.refresh) => {}
@@ -445,9 +438,9 @@ pub async fn keep_certificates(
 
 /// What one round of [`keep_certificates`] came to.
 enum Kept {
-    /// The certificate in the Secret is served (and the caBundle set, when leading).
+    /// The certificate in the Secret is served and the caBundle is its CA.
     Done,
-    /// Another replica wrote the Secret first: read it again.
+    /// Another replica wrote the Secret or the configuration first: read again.
     ReadAgain,
 }
 
@@ -465,16 +458,18 @@ async fn keep_once(
     if config.certificates == CertSource::CertManager {
         return serve_cert_managers(found.as_ref(), config, resolver);
     }
-    let Some(bundle) = own_bundle(&secrets, config, leader, found).await? else {
+    let Some((bundle, version)) = own_bundle(&secrets, config, leader, found).await? else {
         return Ok(Kept::ReadAgain);
     };
     if resolver.load(&bundle.tls_cert, &bundle.tls_key)? {
         tracing::info!(not_after = %bundle.not_after, "serving the webhook's certificate");
     }
-    if leader.is_leader() {
-        ensure_ca_bundle(client, &config.webhook_configuration, &bundle.ca_cert).await?;
-    }
-    Ok(Kept::Done)
+    let served = Served {
+        secrets: &secrets,
+        name: &config.secret,
+        version: version.as_deref(),
+    };
+    ensure_ca_bundle(client, &config.webhook_configuration, &bundle.ca_cert, &served).await
 }
 
 /// Serves the certificate cert-manager wrote in the Secret (cert-manager
@@ -504,14 +499,15 @@ fn serve_cert_managers(
 
 /// The certificates nodewarden keeps itself: made when the Secret is
 /// missing, or holds none (the chart and manifests/base make it empty),
-/// renewed by the leader when due, else as found. None: another replica
-/// wrote the Secret first, read it again.
+/// renewed by the leader when due, else as found; with the Secret's
+/// resourceVersion. None: another replica wrote the Secret first, read it
+/// again.
 async fn own_bundle(
     secrets: &Api<Secret>,
     config: &AdmissionConfig,
     leader: &LeaderHandle,
     found: Option<Secret>,
-) -> Result<Option<CertBundle>, String> {
+) -> Result<Option<(CertBundle, Option<String>)>, String> {
     let current = found.as_ref().and_then(|s| {
         let data = s
             .data
@@ -532,9 +528,9 @@ async fn own_bundle(
                 )
                 .await
             {
-                Ok(_) => {
+                Ok(made_secret) => {
                     tracing::info!(secret = %config.secret, "made the webhook's CA and serving certificate");
-                    Ok(Some(made))
+                    Ok(Some((made, made_secret.metadata.resource_version)))
                 }
                 // Another replica made it first: serve its certificate.
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
@@ -562,21 +558,25 @@ async fn own_bundle(
                 )
                 .await
             {
-                Ok(_) if current.is_some() => {
-                    tracing::info!(secret = %config.secret, not_after = %next.not_after, "renewed the webhook's serving certificate");
-                    Ok(Some(next))
-                }
-                Ok(_) => {
-                    tracing::info!(secret = %config.secret, "wrote the webhook's CA and serving certificate");
-                    Ok(Some(next))
+                Ok(written) => {
+                    match current {
+                        Some(_) => {
+                            tracing::info!(secret = %config.secret, not_after = %next.not_after, "renewed the webhook's serving certificate")
+                        }
+                        None => {
+                            tracing::info!(secret = %config.secret, "wrote the webhook's CA and serving certificate")
+                        }
+                    }
+                    Ok(Some((next, written.metadata.resource_version)))
                 }
                 // Another replica wrote it first: serve its certificate.
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
                 Err(e) => Err(format!("writing Secret {}: {e}", config.secret)),
             }
         }
-        // Certificates found (the guard above took a Secret without them).
-        (Some(_), current) => Ok(current),
+        // Certificates found (the guard above takes a Secret without them).
+        (Some(s), Some(b)) => Ok(Some((b, s.metadata.resource_version))),
+        (Some(_), None) => Ok(None),
     }
 }
 
@@ -607,35 +607,71 @@ fn secret(config: &AdmissionConfig, bundle: &CertBundle, found: ObjectMeta) -> S
     }
 }
 
-/// Sets every webhook's caBundle of the configuration `name` to `ca` (a
-/// configuration not installed is left alone).
-async fn ensure_ca_bundle(client: &Client, name: &str, ca: &str) -> Result<(), String> {
+/// The Secret whose certificate a replica serves, as of the version read.
+struct Served<'a> {
+    secrets: &'a Api<Secret>,
+    name: &'a str,
+    version: Option<&'a str>,
+}
+
+impl Served<'_> {
+    /// Whether the Secret is still the version served.
+    async fn unchanged(&self) -> Result<bool, String> {
+        let now = self
+            .secrets
+            .get_opt(self.name)
+            .await
+            .map_err(|e| format!("reading Secret {}: {e}", self.name))?;
+        let version = now.and_then(|s| s.metadata.resource_version);
+        Ok(version.is_some() && version.as_deref() == self.version)
+    }
+}
+
+/// Sets every webhook's caBundle of the configuration `name` to `ca`, the
+/// CA of the Secret `served` (a configuration not installed is left alone).
+///
+/// Every replica does, so none writes a CA the Secret no longer holds: the
+/// write goes only while the Secret is still the version served, and is
+/// conditioned on the configuration's version read before that check. A
+/// replica that replaces the Secret after the check (the leader, with a
+/// new CA) then rewrites the configuration too, so the stale write gets 409.
+async fn ensure_ca_bundle(
+    client: &Client,
+    name: &str,
+    ca: &str,
+    served: &Served<'_>,
+) -> Result<Kept, String> {
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let Some(vwc) = api
+    let Some(mut vwc) = api
         .get_opt(name)
         .await
         .map_err(|e| format!("reading {name}: {e}"))?
     else {
-        return Ok(());
+        return Ok(Kept::Done);
     };
     let want = k8s_openapi::ByteString(ca.as_bytes().to_vec());
-    let mut vwc = vwc;
     let webhooks = vwc.webhooks.get_or_insert_with(Vec::new);
     if webhooks
         .iter()
         .all(|w| w.client_config.ca_bundle.as_ref() == Some(&want))
     {
-        return Ok(());
+        return Ok(Kept::Done);
+    }
+    if !served.unchanged().await? {
+        return Ok(Kept::ReadAgain);
     }
     for w in webhooks.iter_mut() {
         w.client_config.ca_bundle = Some(want.clone());
     }
-    // Conditioned on the version read: a concurrent change is retried next time.
-    api.replace(name, &PostParams::default(), &vwc)
-        .await
-        .map_err(|e| format!("setting the caBundle of {name}: {e}"))?;
-    tracing::info!(configuration = %name, "set the webhook configuration's caBundle");
-    Ok(())
+    match api.replace(name, &PostParams::default(), &vwc).await {
+        Ok(_) => {
+            tracing::info!(configuration = %name, "set the webhook configuration's caBundle");
+            Ok(Kept::Done)
+        }
+        // Another replica wrote it first: read both again.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Kept::ReadAgain),
+        Err(e) => Err(format!("setting the caBundle of {name}: {e}")),
+    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::budgets::{BudgetWatch, Freed};
 use super::kubectl::{self, KubectlDrain, Verdict};
-use super::pods::{PodClass, classify, covering_budgets, reference};
+use super::pods::{classify, covering_budgets, reference};
 use crate::api::node_maintenance::{DrainBlocker, DrainTimeoutPolicy, PodReference};
 use crate::runtime::backoff::{Backoff, BackoffConfig};
 use crate::runtime::leader::LeaderHandle;
@@ -76,6 +76,9 @@ impl Default for DrainOptions {
 /// How far a drain has come, in the terms NodeMaintenance's status reports.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DrainProgress {
+    /// Whether the node's pods were listed and counted: until then the
+    /// counts below are zeros, not the node's.
+    pub counted: bool,
     /// All pods on the node when the drain began.
     pub total_pods: i32,
     /// Pods to evict when the drain began.
@@ -353,11 +356,7 @@ struct Round {
 
 /// The pods that must go through eviction, in a stable order.
 fn to_evict(all: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
-    let mut pending: Vec<Arc<Pod>> = all
-        .iter()
-        .filter(|p| classify(p) == PodClass::Evict)
-        .cloned()
-        .collect();
+    let mut pending: Vec<Arc<Pod>> = all.iter().filter(|p| classify(p).evicted()).cloned().collect();
     pending.sort_by_key(|p| reference(p));
     pending
 }
@@ -512,11 +511,16 @@ impl DrainRun {
             Some(k) => to_remove(&all, k, now),
         };
         if first {
-            // The totals are the node's as the drain began; later looks keep them.
+            // The totals are the node's as the drain began; later looks keep
+            // them. The pending pods come with them, so no reader sees the
+            // totals with none of their pods left.
             let (total, evict) = (all.len() as i32, pending.len() as i32);
+            let refs: Vec<PodReference> = pending.iter().map(|p| reference(p)).collect();
             self.update(|s| {
+                s.progress.counted = true;
                 s.progress.total_pods = total;
                 s.progress.eviction_pods = evict;
+                s.progress.pending = refs;
             });
         }
         // kubectl refuses the whole drain while any pod blocks it: nothing

@@ -15,7 +15,10 @@ pub enum PodClass {
     DaemonSet,
     /// A static pod mirrored from the kubelet: cannot be evicted.
     Mirror,
-    /// Succeeded or Failed: holds no workload, nothing to wait for.
+    /// Succeeded or Failed: holds no workload; evicted all the same, as
+    /// `kubectl drain` (which the Node Maintenance Operator runs) does, so
+    /// no finished pod stays behind on a drained node. A budget never holds
+    /// it up: the API server lets a finished pod's eviction through.
     Finished,
     /// A Plan's upgrade Job: it runs on the drained node by design (and a
     /// drain resumed by a new leader must not evict it).
@@ -24,8 +27,15 @@ pub enum PodClass {
     Evict,
 }
 
-/// The pod's class: mirror and DaemonSet pods first, then finished ones;
-/// everything else is evicted.
+impl PodClass {
+    /// Whether a drain by NodeMaintenance's rules evicts such a pod.
+    pub fn evicted(self) -> bool {
+        matches!(self, PodClass::Evict | PodClass::Finished)
+    }
+}
+
+/// The pod's class: mirror and DaemonSet pods first (finished or not), then
+/// finished ones; everything else is evicted.
 pub fn classify(pod: &Pod) -> PodClass {
     let meta = &pod.metadata;
     if meta
@@ -153,11 +163,23 @@ mod tests {
                 json!({"metadata": {"name": "running"}, "status": {"phase": "Running"}}),
                 PodClass::Evict,
             ),
+            // A finished DaemonSet or mirror pod keeps its rule.
+            (
+                json!({"metadata": {"name": "ds-done", "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "x", "uid": "u", "controller": true}]}, "status": {"phase": "Succeeded"}}),
+                PodClass::DaemonSet,
+            ),
+            (
+                json!({"metadata": {"name": "static-done", "annotations": {"kubernetes.io/config.mirror": "abc"}}, "status": {"phase": "Failed"}}),
+                PodClass::Mirror,
+            ),
         ];
         for (p, want) in cases {
             let p = pod(p);
             assert_eq!(classify(&p), want, "{:?}", p.metadata.name);
         }
+        let evicted = [PodClass::Evict, PodClass::Finished];
+        let kept = [PodClass::DaemonSet, PodClass::Mirror, PodClass::Upgrade];
+        assert!(evicted.iter().all(|c| c.evicted()) && !kept.iter().any(|c| c.evicted()));
     }
 
     #[test]

@@ -74,8 +74,20 @@ pub fn etcd_members(
     }
 }
 
+/// The static etcd pods where they decide which nodes run a member (under
+/// `Detect`); none, and no read, under the other placements.
+pub async fn static_etcd_pods_for(
+    client: &kube::Client,
+    placement: EtcdPlacement,
+) -> Result<Vec<EtcdPod>, kube::Error> {
+    if placement != EtcdPlacement::Detect {
+        return Ok(Vec::new());
+    }
+    static_etcd_pods(client).await
+}
+
 /// The static etcd pods (one LIST of kube-system by label: a few pods).
-pub async fn static_etcd_pods(client: &kube::Client) -> Result<Vec<EtcdPod>, kube::Error> {
+async fn static_etcd_pods(client: &kube::Client) -> Result<Vec<EtcdPod>, kube::Error> {
     use kube::ResourceExt;
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(client.clone(), ETCD_POD_NAMESPACE);

@@ -11,44 +11,64 @@ use std::time::{Duration, Instant};
 use crate::support::admission::*;
 use crate::support::replicas::*;
 use crate::support::{Probe, TestEnv, wait_for};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
+use kube::api::{Api, DeleteParams, PostParams};
 use nodewarden::api::node_maintenance::medik8s;
+use serde_json::json;
 
 /// The configuration and Secret names the shipped RBAC grants.
 const CONFIGURATION: &str = "nodewarden";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn standbys_keep_answering_admission_while_the_leader_is_killed() {
-    let env = TestEnv::new("admission-ha").await;
+/// The configuration is cluster-wide: one test at a time has it.
+static CONFIGURATION_HELD: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `count` replicas of nodewarden's ServiceAccount on the Lease
+/// `lease_name`, each serving the webhook, behind a balancer the
+/// configuration calls; returned once the caBundle is set.
+async fn serving(env: &TestEnv, count: usize, lease_name: &str) -> (Replicas, Balancer) {
     support::install_crds(&env.client).await;
     let dir = replica_log_dir(&env.id);
     let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
-    let lease_name = format!("nodewarden-{}", env.id);
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE);
     let replicas = Replicas::start_with_env(
-        3,
-        &env,
+        count,
+        env,
         Shared {
             kubeconfig: &kubeconfig,
-            lease_name: &lease_name,
+            lease_name,
             otlp_endpoint: "",
             extra: &[],
             logs: &dir,
         },
         &[(SERVE_WEBHOOK.into(), "1".into())],
     );
-    let ports: Vec<u16> = replicas
-        .webhook
-        .as_ref()
-        .expect("webhook ports")
-        .values()
-        .copied()
-        .collect();
-    let balancer = Balancer::start(ports).await;
-    delete_configuration(&env, CONFIGURATION).await;
-    create_configuration(&env, CONFIGURATION, balancer.port).await;
-    wait_ca_bundle(&env, CONFIGURATION).await;
+    let ports = replicas.webhook.as_ref().expect("webhook ports");
+    let balancer = Balancer::start(ports.values().copied().collect()).await;
+    delete_configuration(env, CONFIGURATION).await;
+    create_configuration(env, CONFIGURATION, balancer.port).await;
+    wait_ca_bundle(env, CONFIGURATION).await;
+    (replicas, balancer)
+}
+
+/// Waits until creating `nm` (for a node that does not exist) gets the
+/// webhook's own verdict.
+async fn webhook_answers(nms: &Api<medik8s::NodeMaintenance>, nm: &medik8s::NodeMaintenance) {
+    wait_for("the webhook answering", Duration::from_secs(30), || async {
+        match create(nms, nm).await {
+            Err(m) if m.contains("invalid nodeName") => Probe::Done(()),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standbys_keep_answering_admission_while_the_leader_is_killed() {
+    let _held = CONFIGURATION_HELD.lock().await;
+    let env = TestEnv::new("admission-ha").await;
+    let lease_name = format!("nodewarden-{}", env.id);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE);
+    let (replicas, balancer) = serving(&env, 3, &lease_name).await;
 
     let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
     let missing = env.name("no-such-node");
@@ -58,17 +78,7 @@ async fn standbys_keep_answering_admission_while_the_leader_is_killed() {
         n += 1;
         maintenance(&env, &format!("m-{n}"), &missing)
     };
-    let first = next();
-    wait_for("the webhook answering", Duration::from_secs(30), || {
-        let (nms, nm) = (nms.clone(), first.clone());
-        async move {
-            match create(&nms, &nm).await {
-                Err(m) if m.contains("invalid nodeName") => Probe::Done(()),
-                other => Probe::NotYet(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    webhook_answers(&nms, &next()).await;
 
     let leader = holder(&leases, &lease_name).await.expect("a leader");
     let mut replicas = replicas;
@@ -106,6 +116,87 @@ async fn standbys_keep_answering_admission_while_the_leader_is_killed() {
         replicas.tail_logs()
     );
     delete_configuration(&env, CONFIGURATION).await;
+    drop(replicas);
+    drop(balancer);
+    env.cleanup().await;
+}
+
+/// The first caBundle of the configuration's webhooks, and its resourceVersion.
+async fn ca_bundle(env: &TestEnv) -> (Option<Vec<u8>>, Option<String>) {
+    let vwc = Api::<ValidatingWebhookConfiguration>::all(env.client.clone())
+        .get(CONFIGURATION)
+        .await
+        .expect("the configuration");
+    let ca = vwc
+        .webhooks
+        .unwrap_or_default()
+        .first()
+        .and_then(|w| w.client_config.ca_bundle.clone())
+        .map(|b| b.0);
+    (ca, vwc.metadata.resource_version)
+}
+
+/// A reinstall brings the configuration back with no caBundle, and a leader
+/// may be a full lease away: replicas that do not lead fill it. Two
+/// replicas serve the webhook while another holder keeps their Lease; the
+/// caBundle they set is emptied, filled again with the same CA, left alone
+/// once it is right (no replica writes it over and over), and the webhook's
+/// own verdicts come back through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standbys_fill_an_emptied_ca_bundle_without_a_leader() {
+    let _held = CONFIGURATION_HELD.lock().await;
+    let env = TestEnv::new("admission-standby").await;
+    let lease_name = format!("nodewarden-{}", env.id);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let elsewhere: Lease = serde_json::from_value(json!({
+        "metadata": {"name": lease_name, "labels": {support::RUN_LABEL: env.id}},
+        "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600,
+                 "acquireTime": now, "renewTime": now},
+    }))
+    .expect("a Lease");
+    leases
+        .create(&PostParams::default(), &elsewhere)
+        .await
+        .expect("the Lease, held elsewhere");
+    let (replicas, balancer) = serving(&env, 2, &lease_name).await;
+    let (first, _) = ca_bundle(&env).await;
+
+    // As a reinstall leaves it: no caBundle.
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+    let mut vwc = vwcs.get(CONFIGURATION).await.expect("the configuration");
+    for w in vwc.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = None;
+    }
+    vwcs.replace(CONFIGURATION, &PostParams::default(), &vwc)
+        .await
+        .expect("emptying the caBundle");
+    let emptied = Instant::now();
+    wait_ca_bundle(&env, CONFIGURATION).await;
+    println!(
+        "the caBundle was filled again {:?} after it was emptied",
+        emptied.elapsed()
+    );
+    let (again, version) = ca_bundle(&env).await;
+    assert_eq!(again, first, "the same CA, the Secret's");
+    // Past a refresh of both replicas: neither writes it again.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        ca_bundle(&env).await.1,
+        version,
+        "the caBundle is left alone once right"
+    );
+    assert_eq!(
+        holder(&leases, &lease_name).await.as_deref(),
+        Some("elsewhere"),
+        "no replica led"
+    );
+
+    let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    let missing = env.name("no-such-node");
+    webhook_answers(&nms, &maintenance(&env, "m", &missing)).await;
+    delete_configuration(&env, CONFIGURATION).await;
+    let _ = leases.delete(&lease_name, &DeleteParams::default()).await;
     drop(replicas);
     drop(balancer);
     env.cleanup().await;

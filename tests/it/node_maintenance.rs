@@ -145,14 +145,24 @@ fn cordoned(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
 }
 
-/// Event reasons recorded for the NodeMaintenance `name`.
-async fn event_reasons(env: &TestEnv, name: &str) -> BTreeSet<String> {
+/// Events recorded for the NodeMaintenance `name`: reason and note.
+async fn events_of(env: &TestEnv, name: &str) -> Vec<(String, String)> {
     let events: Api<Event> = Api::all(env.client.clone());
     events
         .list(&ListParams::default().fields(&format!("regarding.name={name}")))
         .await
-        .map(|l| l.items.into_iter().filter_map(|e| e.reason).collect())
+        .map(|l| {
+            l.items
+                .into_iter()
+                .filter_map(|e| Some((e.reason?, e.note.unwrap_or_default())))
+                .collect()
+        })
         .unwrap_or_default()
+}
+
+/// Event reasons recorded for the NodeMaintenance `name`.
+async fn event_reasons(env: &TestEnv, name: &str) -> BTreeSet<String> {
+    events_of(env, name).await.into_iter().map(|(r, _)| r).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,6 +191,15 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
         .await
         .expect("creating a daemonset");
     bare_pod(&env, "lonely", &target).await;
+    bare_pod(&env, "finished", &target).await;
+    wait_ready_pods(&env, &target, 7).await;
+    // A bare pod that ran to completion: kubectl drain removes it too.
+    let finished =
+        json!({"status": {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False"}]}});
+    Api::<Pod>::namespaced(env.client.clone(), &env.namespace)
+        .patch_status("finished", &PatchParams::default(), &Patch::Merge(&finished))
+        .await
+        .expect("the pod finished");
     wait_ready_pods(&env, &target, 6).await;
     let others = env.create_kwok_nodes(2, &[]).await;
 
@@ -190,8 +209,12 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
     let done = wait_phase(&env.client, &name, MaintenancePhase::Succeeded).await;
     let status = done.status.expect("a status");
     assert_eq!(status.drain_progress, Some(100));
-    assert_eq!(status.total_pods, Some(6), "4 web + 1 daemonset + 1 bare pod");
-    assert_eq!(status.eviction_pods, Some(5), "the daemonset pod stays");
+    assert_eq!(
+        status.total_pods,
+        Some(7),
+        "4 web + 1 daemonset + 1 bare pod + 1 finished pod"
+    );
+    assert_eq!(status.eviction_pods, Some(6), "the daemonset pod stays");
     assert_eq!(status.pending_pods.as_deref().map(<[String]>::len), Some(0));
     let condition = &status.conditions.expect("conditions")[0];
     assert_eq!(
@@ -201,7 +224,7 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
     assert_eq!(condition.observed_generation, done.metadata.generation);
 
     // The Deployment's pods moved to the other nodes; the DaemonSet pod stayed;
-    // the bare pod is gone.
+    // the bare pod and the finished one are gone.
     wait_for("4 web pods Ready on the other nodes", TIMEOUT, || async {
         let mut ready_elsewhere = 0;
         for n in &others {
@@ -298,6 +321,20 @@ async fn maintenance_drains_the_node_and_deleting_it_restores_the_node() {
             "event {reason} missing from {reasons:?}"
         );
     }
+    // The maintenance begins before the node's pods are counted: its Event
+    // says so, or the count if it came first, never a count of nothing.
+    let begun: Vec<String> = events_of(&env, &name)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "BeginMaintenance")
+        .map(|(_, note)| note)
+        .collect();
+    let begins = format!("node {target}: the drain begins (the node's pods are being counted)");
+    let counted = format!("node {target}: 6 of 6 pods to evict left");
+    assert!(
+        begun.iter().all(|n| *n == begins || *n == counted) && !begun.is_empty(),
+        "BeginMaintenance says what is true as it begins: {begun:?}"
+    );
     op.stop().await;
     env.cleanup().await;
 }

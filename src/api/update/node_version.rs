@@ -200,7 +200,17 @@ pub struct NodeVersionStatus {
     /// the lists name at most their first 100 entries, so that the object
     /// stays far below etcd's size limit at thousands of nodes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "counts_by_name")]
     pub list_totals: BTreeMap<String, u32>,
+}
+
+/// A map of counts. schemars says `format: uint32` for a u32, a format
+/// Kubernetes does not know (it warns at every install): int32 it knows.
+fn counts_by_name(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {"type": "integer", "format": "int32", "minimum": 0}
+    })
 }
 
 /// The node lists of [`NodeVersionStatus`].

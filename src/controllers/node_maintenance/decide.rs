@@ -208,16 +208,18 @@ pub fn status_for(
             s.last_error = Some(message.clone());
             Verdict::new(MaintenancePhase::Running, false, reason, message.clone())
         }
-        (Decision::Drain, None) => Verdict::new(
-            MaintenancePhase::Running,
-            false,
-            "Draining",
-            "drain starting".to_string(),
-        ),
-        (Decision::Drain, Some(d)) => {
+        (Decision::Drain, Some(d)) if d.progress.counted => {
             record_progress(&mut s, &d.progress);
             drain_verdict(&mut s, d)
         }
+        // Until the node's pods are counted no count is known: the status
+        // keeps what it had rather than show zeros.
+        (Decision::Drain, _) => Verdict::new(
+            MaintenancePhase::Running,
+            false,
+            "Draining",
+            "the drain begins (the node's pods are being counted)".to_string(),
+        ),
     };
     s.phase = Some(verdict.phase);
     set_condition(
@@ -590,6 +592,7 @@ mod tests {
             owner: "g/me".into(),
             outcome,
             progress: DrainProgress {
+                counted: true,
                 total_pods: eviction + 1,
                 eviction_pods: eviction,
                 blocked: if blocked {
@@ -685,6 +688,28 @@ mod tests {
             assert_eq!((c.reason.as_str(), c.status == "True"), (reason, drained));
             assert_eq!(c.observed_generation, Some(3));
         }
+    }
+
+    #[test]
+    fn a_drain_whose_pods_are_not_counted_yet_says_it_begins() {
+        let mut begun = drain(DrainOutcome::Running, 0, 0, false);
+        begun.progress = DrainProgress::default();
+        let s = status_for(None, &Decision::Drain, Some(&begun), Some(1), ts(1));
+        assert_eq!(s.phase, Some(MaintenancePhase::Running));
+        assert_eq!(
+            (s.total_pods, s.eviction_pods, s.drain_progress),
+            (None, None, None)
+        );
+        let c = &s.conditions.as_ref().expect("conditions")[0];
+        assert_eq!(
+            (c.reason.as_str(), c.message.as_str()),
+            ("Draining", "the drain begins (the node's pods are being counted)")
+        );
+        // Once counted, the count.
+        let counted = drain(DrainOutcome::Running, 5, 5, false);
+        let s = status_for(Some(&s), &Decision::Drain, Some(&counted), Some(1), ts(2));
+        let c = &s.conditions.as_ref().expect("conditions")[0];
+        assert_eq!(c.message, "5 of 5 pods to evict left");
     }
 
     #[test]

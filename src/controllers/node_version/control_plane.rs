@@ -89,15 +89,30 @@ pub fn same_version(a: &str, b: &str) -> bool {
     core(a) == core(b)
 }
 
+/// Whether the verdict on `wanted` needs the API server's version: not
+/// while this replica's run for it goes on, nor once that run succeeded
+/// (either decides alone), so a pass then reads no `/version`.
+pub fn needs_served(wanted: Option<&str>, run: Option<&Run>) -> bool {
+    let Some(wanted) = wanted.filter(|w| !w.is_empty()) else {
+        return false;
+    };
+    match run {
+        Some(Run::Running(_)) => false,
+        Some(Run::Succeeded(v)) => !same_version(v, wanted),
+        _ => true,
+    }
+}
+
 /// The verdict on `wanted` (spec.kubernetesClusterVersion) while the API
-/// server serves `served` and this replica's last run is `run`.
-pub fn decide(wanted: Option<&str>, served: &str, run: Option<&Run>, now: Instant) -> Verdict {
+/// server serves `served` (None: not read, see [`needs_served`]) and this
+/// replica's last run is `run`.
+pub fn decide(wanted: Option<&str>, served: Option<&str>, run: Option<&Run>, now: Instant) -> Verdict {
     let Some(wanted) = wanted.filter(|w| !w.is_empty()) else {
         return Verdict::Untouched;
     };
     match run {
         Some(Run::Running(_)) => Verdict::Running,
-        _ if same_version(served, wanted) => Verdict::Done,
+        _ if served.is_some_and(|s| same_version(s, wanted)) => Verdict::Done,
         Some(Run::Succeeded(v)) if same_version(v, wanted) => Verdict::Done,
         Some(Run::Failed { version, why, at }) if same_version(version, wanted) => {
             match (*at + RETRY_AFTER).checked_duration_since(now) {
@@ -160,19 +175,18 @@ impl NodeVersionReconciler {
         if wanted.is_none() {
             return Ok(ControlPlane::default());
         }
-        let served = self.client.apiserver_version().await?.git_version;
-        let name = nv.name_any();
-        let verdict = decide(
-            wanted,
-            &served,
-            self.control_plane_runs.get(&name).as_ref(),
-            Instant::now(),
-        );
+        let run = self.control_plane_runs.get(&nv.name_any());
+        let served = match needs_served(wanted, run.as_ref()) {
+            true => Some(self.client.apiserver_version().await?.git_version),
+            false => None,
+        };
+        let verdict = decide(wanted, served.as_deref(), run.as_ref(), Instant::now());
         if let Verdict::Start(version) = &verdict {
             let request = self.update_request(nv, version).await?;
             // kubeadm on the node is the one write no fence can take back.
             self.leader.ensure_leader()?;
-            self.start_run(nv, agent, version, &served, request);
+            let served = served.as_deref().unwrap_or("another version");
+            self.start_run(nv, agent, version, served, request);
         }
         Ok(ControlPlane::of(&verdict))
     }
@@ -277,30 +291,42 @@ mod tests {
             at: now - Duration::from_secs(ago),
         };
         let start = Verdict::Start("v1.31.12".into());
-        // (what, wanted, served, this replica's last run, verdict)
+        // (what, wanted, served, this replica's last run, whether /version
+        // is read, verdict)
         type Row = (
             &'static str,
             Option<&'static str>,
             &'static str,
             Option<Run>,
+            bool,
             Verdict,
         );
         #[rustfmt::skip]
         let table: Vec<Row> = vec![
-            ("no version asked", None, "v1.30.4", None, Verdict::Untouched),
-            ("an empty version", Some(""), "v1.30.4", None, Verdict::Untouched),
-            ("served already", Some("v1.31.12"), "v1.31.12", None, Verdict::Done),
-            ("served, build metadata aside", Some("v1.31.12"), "v1.31.12+k3s1", None, Verdict::Done),
-            ("another version served: start", Some("v1.31.12"), "v1.30.4", None, start.clone()),
-            ("running", Some("v1.31.12"), "v1.30.4", Some(Run::Running("v1.31.12".into())), Verdict::Running),
-            ("running, served meanwhile: its end is waited for", Some("v1.31.12"), "v1.31.12", Some(Run::Running("v1.31.12".into())), Verdict::Running),
-            ("the agent succeeded, another API server answers: done", Some("v1.31.12"), "v1.30.4", Some(Run::Succeeded("v1.31.12".into())), Verdict::Done),
-            ("succeeded for an older ask: start", Some("v1.31.12"), "v1.30.4", Some(Run::Succeeded("v1.30.9".into())), start.clone()),
-            ("failed moments ago: wait", Some("v1.31.12"), "v1.30.4", Some(failed(10)), Verdict::Failed { why: "kubeadm failed".into(), retry_in: RETRY_AFTER - Duration::from_secs(10) }),
-            ("failed a while ago: again", Some("v1.31.12"), "v1.30.4", Some(failed(61)), start.clone()),
-            ("failed for another version: start", Some("v1.32.0"), "v1.30.4", Some(failed(1)), Verdict::Start("v1.32.0".into())),
+            ("no version asked", None, "v1.30.4", None, false, Verdict::Untouched),
+            ("an empty version", Some(""), "v1.30.4", None, false, Verdict::Untouched),
+            ("served already", Some("v1.31.12"), "v1.31.12", None, true, Verdict::Done),
+            ("served, build metadata aside", Some("v1.31.12"), "v1.31.12+k3s1", None, true, Verdict::Done),
+            ("another version served: start", Some("v1.31.12"), "v1.30.4", None, true, start.clone()),
+            ("running", Some("v1.31.12"), "v1.30.4", Some(Run::Running("v1.31.12".into())), false, Verdict::Running),
+            ("running, served meanwhile: its end is waited for", Some("v1.31.12"), "v1.31.12", Some(Run::Running("v1.31.12".into())), false, Verdict::Running),
+            ("the agent succeeded: done, whatever an API server answers", Some("v1.31.12"), "v1.30.4", Some(Run::Succeeded("v1.31.12".into())), false, Verdict::Done),
+            ("succeeded, build metadata aside", Some("v1.31.12+k3s1"), "v1.30.4", Some(Run::Succeeded("v1.31.12".into())), false, Verdict::Done),
+            ("succeeded for an older ask: start", Some("v1.31.12"), "v1.30.4", Some(Run::Succeeded("v1.30.9".into())), true, start.clone()),
+            ("succeeded for an older ask, the new one served", Some("v1.31.12"), "v1.31.12", Some(Run::Succeeded("v1.30.9".into())), true, Verdict::Done),
+            ("failed moments ago: wait", Some("v1.31.12"), "v1.30.4", Some(failed(10)), true, Verdict::Failed { why: "kubeadm failed".into(), retry_in: RETRY_AFTER - Duration::from_secs(10) }),
+            ("failed, served meanwhile: done", Some("v1.31.12"), "v1.31.12", Some(failed(10)), true, Verdict::Done),
+            ("failed a while ago: again", Some("v1.31.12"), "v1.30.4", Some(failed(61)), true, start.clone()),
+            ("failed for another version: start", Some("v1.32.0"), "v1.30.4", Some(failed(1)), true, Verdict::Start("v1.32.0".into())),
         ];
-        for (what, wanted, served, run, want) in table {
+        for (what, wanted, served, run, reads, want) in table {
+            assert_eq!(
+                needs_served(wanted, run.as_ref()),
+                reads,
+                "{what}: reads /version"
+            );
+            // A pass that does not read /version decides without it.
+            let served = reads.then_some(served);
             assert_eq!(decide(wanted, served, run.as_ref(), now), want, "{what}");
         }
         assert!(ControlPlane::of(&Verdict::Running).hold);

@@ -4,7 +4,8 @@
 //! a node that runs a member. Where that member cannot be reached, the
 //! retirement waits with what to set: never a node retired with its member.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -17,8 +18,11 @@ use super::retire::{CONTROL_PLANE_LABEL, internal_ip};
 use crate::api::update::NodeVersion;
 use crate::error::Result;
 use crate::etcd::access::unreachable_advice;
-use crate::etcd::placement::{EtcdPlacement, EtcdPod, etcd_members, static_etcd_pods};
+use crate::etcd::placement::{etcd_members, static_etcd_pods_for};
 use crate::etcd::{Discovery, EtcdClient, EtcdSetup};
+
+/// Nodes read fresh, by name, with their InternalIP (None: they have none).
+pub(super) type Listed = BTreeMap<String, Option<IpAddr>>;
 
 /// How a retirement reaches the node's etcd member.
 pub(super) enum Reach {
@@ -27,9 +31,12 @@ pub(super) enum Reach {
     /// Through this client. `found`: how the member was found on the node,
     /// when etcd was found rather than given (then a failure to reach it
     /// holds the retirement with advice rather than failing the pass).
+    /// `listed`: the InternalIPs of the nodes read to find etcd, so the
+    /// member's and the heir's addresses need no read of their own.
     Client {
         client: Arc<EtcdClient>,
         found: Option<String>,
+        listed: Option<Listed>,
     },
     /// Not now: why (already reported).
     Wait(String),
@@ -43,6 +50,7 @@ impl NodeVersionReconciler {
             EtcdSetup::Endpoints(client) => Ok(Reach::Client {
                 client: client.clone(),
                 found: None,
+                listed: None,
             }),
             EtcdSetup::Discover(discovery) => self.discover_etcd(nv, n, discovery).await,
         }
@@ -68,15 +76,20 @@ impl NodeVersionReconciler {
             control_plane.push(itself);
         }
         let names: BTreeSet<String> = control_plane.iter().map(|c| c.name_any()).collect();
-        let pods = self.etcd_pods(discovery.placement).await?;
+        let pods = static_etcd_pods_for(&self.client, discovery.placement).await?;
         let Some(found) = etcd_members(discovery.placement, &names, &pods).remove(&node) else {
             return Ok(Reach::NoMember);
         };
-        let ips: Vec<_> = control_plane.iter().filter_map(internal_ip).collect();
+        let listed: Listed = control_plane
+            .iter()
+            .map(|c| (c.name_any(), internal_ip(c)))
+            .collect();
+        let ips: Vec<IpAddr> = listed.values().flatten().copied().collect();
         match discovery.client(&ips) {
             Ok(client) => Ok(Reach::Client {
                 client: Arc::new(client),
                 found: Some(found),
+                listed: Some(listed),
             }),
             Err(e) => Ok(Reach::Wait(self.hold_unreachable(
                 nv,
@@ -85,14 +98,6 @@ impl NodeVersionReconciler {
                 &e.to_string(),
             ))),
         }
-    }
-
-    /// The static etcd pods, where they decide (one LIST of kube-system by label).
-    async fn etcd_pods(&self, placement: EtcdPlacement) -> Result<Vec<EtcdPod>> {
-        if placement != EtcdPlacement::Detect {
-            return Ok(Vec::new());
-        }
-        Ok(static_etcd_pods(&self.client).await?)
     }
 
     /// Reports that `node`'s member (known by `found`) cannot be reached

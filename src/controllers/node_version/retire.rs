@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, ObjectMeta, PostPara
 use kube::runtime::events::EventType;
 
 use super::NodeVersionReconciler;
-use super::etcd_reach::Reach;
+use super::etcd_reach::{Listed, Reach};
 use super::gather::annotation;
 use crate::api::update::annotations::{GROUP_ANNOTATION, HEIR_ANNOTATION, IMAGE_ANNOTATION};
 use crate::api::update::{NodeVersion, PendingNode, PendingNodeGoal, PendingNodeSpec};
@@ -127,13 +127,17 @@ impl NodeVersionReconciler {
         if !n.labels().contains_key(CONTROL_PLANE_LABEL) && self.role_of(group) != "control-plane" {
             return Ok(None);
         }
-        let (etcd, found) = match self.reach_etcd(nv, n).await? {
+        let (etcd, found, listed) = match self.reach_etcd(nv, n).await? {
             Reach::NoMember => return Ok(None),
             Reach::Wait(why) => return Ok(Some(why)),
-            Reach::Client { client, found } => (client, found),
+            Reach::Client {
+                client,
+                found,
+                listed,
+            } => (client, found, listed),
         };
         let node = n.name_any();
-        let (ip, heir) = match self.peer_ips(nv, n).await? {
+        let (ip, heir) = match self.peer_ips(nv, n, listed.as_ref()).await? {
             Ok(ips) => ips,
             Err(why) => return Ok(Some(why)),
         };
@@ -184,17 +188,24 @@ impl NodeVersionReconciler {
     }
 
     /// The InternalIPs of control-plane node `n` and of its heir (None
-    /// without one), read fresh: the store keeps no addresses
+    /// without one), as `listed` has them when it names them (nodes read
+    /// fresh to find etcd), else read fresh: the store keeps no addresses
     /// (`strip_node`). Err: why the retirement waits (`n` has no
     /// InternalIP, so no member can be told to be its).
     async fn peer_ips(
         &self,
         nv: &NodeVersion,
         n: &Node,
+        listed: Option<&Listed>,
     ) -> Result<std::result::Result<(IpAddr, Option<IpAddr>), String>> {
         let node = n.name_any();
-        let fresh = Api::<Node>::all(self.client.clone()).get(&node).await?;
-        let Some(ip) = internal_ip(&fresh) else {
+        let nodes = Api::<Node>::all(self.client.clone());
+        let listed_ip = |name: &str| listed.and_then(|l| l.get(name)).copied();
+        let ip = match listed_ip(&node) {
+            Some(ip) => ip,
+            None => internal_ip(&nodes.get(&node).await?),
+        };
+        let Some(ip) = ip else {
             let why = format!(
                 "node {node} has no InternalIP, so its etcd member cannot be told: it is not retired"
             );
@@ -203,11 +214,10 @@ impl NodeVersionReconciler {
             return Ok(Err(why));
         };
         let heir = match annotation(n, HEIR_ANNOTATION) {
-            Some(heir) => Api::<Node>::all(self.client.clone())
-                .get_opt(heir)
-                .await?
-                .as_ref()
-                .and_then(internal_ip),
+            Some(heir) => match listed_ip(heir) {
+                Some(ip) => ip,
+                None => nodes.get_opt(heir).await?.as_ref().and_then(internal_ip),
+            },
             None => None,
         };
         Ok(Ok((ip, heir)))
@@ -258,7 +268,7 @@ impl NodeVersionReconciler {
     /// shows, while it is connected; else they are listed, read fresh (a
     /// read that waits up to 0.1 s for the API server's pod cache).
     async fn evict_stragglers(&self, node: &str) -> Result<()> {
-        use crate::drain::pods::{PodClass, classify};
+        use crate::drain::pods::classify;
         let left: Vec<Arc<Pod>> = match self.drains.pods_since_success(node) {
             Some(watched) => watched,
             None => {
@@ -268,7 +278,7 @@ impl NodeVersionReconciler {
                     .await?
                     .items
                     .into_iter()
-                    .filter(|p| classify(p) == PodClass::Evict)
+                    .filter(|p| classify(p).evicted())
                     .map(Arc::new)
                     .collect()
             }
