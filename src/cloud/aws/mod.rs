@@ -228,8 +228,7 @@ impl AwsProvider {
             if let Some(found) = self.tagged_instance(&members, request_id).await? {
                 return self.finish_create(&request.group_id, &found, request_id).await;
             }
-            self.set_group_tag(&request.group_id, REQUEST_TAG, Some(request_id), true)
-                .await?;
+            self.set_launch_key(&request.group_id, Some(request_id)).await?;
         }
         let desired = group.desired_capacity.unwrap_or(0);
         let sent = tokio::time::Instant::now();
@@ -324,28 +323,22 @@ impl AwsProvider {
             .send()
             .await
             .map_err(|e| self.failed(e, &format!("instance {id}")))?;
-        self.set_group_tag(group, REQUEST_TAG, None, true).await?;
+        self.set_launch_key(group, None).await?;
         self.created(id).await
     }
 
-    /// Sets (Some) or deletes (None) a tag of the group; `propagate`: the
-    /// instances it starts meanwhile carry it from launch.
-    async fn set_group_tag(
-        &self,
-        group: &str,
-        key: &str,
-        value: Option<&str>,
-        propagate: bool,
-    ) -> Result<(), CloudError> {
+    /// Puts (Some) or takes off (None) the group's request tag: the
+    /// instances it starts meanwhile carry the request's key from launch.
+    async fn set_launch_key(&self, group: &str, key: Option<&str>) -> Result<(), CloudError> {
         let tag = AsgTag::builder()
             .resource_id(group)
             .resource_type("auto-scaling-group")
-            .key(key)
-            .value(value.unwrap_or_default())
-            .propagate_at_launch(propagate)
+            .key(REQUEST_TAG)
+            .value(key.unwrap_or_default())
+            .propagate_at_launch(true)
             .build();
         let what = format!("tags of Auto Scaling group {group}");
-        match value {
+        match key {
             Some(_) => self
                 .asg
                 .create_or_update_tags()
