@@ -262,6 +262,18 @@ YAML
     start kube-proxy "$dir" "$NODES_BIN/kube-proxy" --config="$dir/config.yaml" --v=2
 }
 
+# wait_registered I: waits up to 120 s for node I's Node while its kubelet lives;
+# else dies with the last lines of its kubelet's and containerd's logs.
+wait_registered() {
+  local name dir
+  name=$(node_name "$1")
+  dir=$nodes_dir/$name
+  wait_started "the kubelet of $name" "$dir/kubelet.pid" "$dir/kubelet.log" kubectl_ get node "$name" && return 0
+  log "last lines of $dir/containerd.log:"
+  tail -n 30 "$dir/containerd.log" >&2 || true
+  die "node $name did not register"
+}
+
 kubectl_() { "$(cat "$run_dir/bin-dir")/kubectl" --kubeconfig "$run_dir/kubeconfig" "$@"; }
 
 up() {
@@ -276,9 +288,7 @@ up() {
   "$repo/e2e/controlplane/cluster.sh" up >/dev/null
   for i in $(seq 1 "$count"); do node_up "$i"; done
   kube_proxy_up
-  for i in $(seq 1 "$count"); do
-    retry_until 120 "node $(node_name "$i") registered" kubectl_ get node "$(node_name "$i")"
-  done
+  for i in $(seq 1 "$count"); do wait_registered "$i"; done
   kubectl_ wait --for=condition=Ready node -l nodewarden.dev/e2e-real=true --timeout=180s >/dev/null
   log "$count real nodes Ready; export KUBECONFIG=$run_dir/kubeconfig"
   echo "$run_dir/kubeconfig"
