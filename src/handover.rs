@@ -100,6 +100,19 @@ fn selected(selector: Option<&str>) -> ListParams {
     }
 }
 
+/// nodewarden's own objects the handover deletes: its leader Lease and its
+/// webhook's Secret, by the names its `run` was given (`--lease-name`,
+/// `--webhook-secret`), in its namespace.
+#[derive(Clone, Debug)]
+pub struct OwnState {
+    /// nodewarden's namespace.
+    pub namespace: String,
+    /// The leader Lease's name.
+    pub lease: String,
+    /// The webhook Secret's name.
+    pub secret: String,
+}
+
 /// What the handover did, for the report it prints.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -128,7 +141,7 @@ pub fn is_transient(e: &Error) -> bool {
 pub async fn hand_over_retrying(
     client: &Client,
     scope: &Scope,
-    namespace: &str,
+    own: &OwnState,
     attempts: usize,
 ) -> Result<Report> {
     use backon::{BackoffBuilder, ExponentialBuilder};
@@ -139,7 +152,7 @@ pub async fn hand_over_retrying(
         .build();
     let mut done = Vec::new();
     loop {
-        match hand_over(client, scope, namespace).await {
+        match hand_over(client, scope, own).await {
             Ok(report) => {
                 done.extend(report.done);
                 return Ok(Report { done });
@@ -156,8 +169,8 @@ pub async fn hand_over_retrying(
     }
 }
 
-/// Hands everything over (see the module docs); `namespace` is nodewarden's.
-pub async fn hand_over(client: &Client, scope: &Scope, namespace: &str) -> Result<Report> {
+/// Hands everything over (see the module docs).
+pub async fn hand_over(client: &Client, scope: &Scope, own: &OwnState) -> Result<Report> {
     let mut report = Report::default();
     let mut maintenances = BTreeMap::new();
     maintenances.extend(release_maintenances::<medik8s::NodeMaintenance>(client, scope, &mut report).await?);
@@ -171,7 +184,7 @@ pub async fn hand_over(client: &Client, scope: &Scope, namespace: &str) -> Resul
     strip_kind::<AutoscalingStrategy>(client, &objects, &mut report).await?;
     strip_kind::<JoiningNode>(client, &objects, &mut report).await?;
     strip_kind::<Job>(client, &objects, &mut report).await?;
-    remove_own_state(client, namespace, &mut report).await?;
+    remove_own_state(client, own, &mut report).await?;
     Ok(report)
 }
 
@@ -316,17 +329,16 @@ where
     Ok(())
 }
 
-/// The leader Lease and the webhook's Secret in nodewarden's namespace, by
-/// the names the operator gives them unless told otherwise.
-async fn remove_own_state(client: &Client, namespace: &str, report: &mut Report) -> Result<()> {
+/// The leader Lease and the webhook's Secret in nodewarden's namespace.
+async fn remove_own_state(client: &Client, own: &OwnState, report: &mut Report) -> Result<()> {
+    let namespace = &own.namespace;
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let (lease, secret) = (crate::operator::LEASE_NAME, crate::admission::WEBHOOK_SECRET);
-    if delete_if_present(&leases, lease, &DeleteParams::default()).await? {
-        report.note(format!("Lease {namespace}/{lease} deleted"));
+    if delete_if_present(&leases, &own.lease, &DeleteParams::default()).await? {
+        report.note(format!("Lease {namespace}/{} deleted", own.lease));
     }
-    if delete_if_present(&secrets, secret, &DeleteParams::default()).await? {
-        report.note(format!("Secret {namespace}/{secret} deleted"));
+    if delete_if_present(&secrets, &own.secret, &DeleteParams::default()).await? {
+        report.note(format!("Secret {namespace}/{} deleted", own.secret));
     }
     Ok(())
 }

@@ -50,6 +50,12 @@ enum Command {
         /// nodewarden's namespace (its Lease and webhook Secret).
         #[arg(long, default_value = "nodewarden-system")]
         namespace: String,
+        /// The leader Lease's name (nodewarden's --lease-name).
+        #[arg(long, default_value = operator::LEASE_NAME)]
+        lease_name: String,
+        /// The webhook Secret's name (nodewarden's --webhook-secret).
+        #[arg(long, default_value = nodewarden::admission::WEBHOOK_SECRET)]
+        webhook_secret: String,
         /// Only Nodes matching this label selector (nodewarden's --node-selector).
         #[arg(long)]
         node_selector: Option<String>,
@@ -365,6 +371,8 @@ fn start() -> anyhow::Result<()> {
         Command::Handover {
             kubeconfig,
             namespace,
+            lease_name,
+            webhook_secret,
             node_selector,
             object_selector,
         } => {
@@ -372,9 +380,14 @@ fn start() -> anyhow::Result<()> {
                 nodes: node_selector,
                 objects: object_selector,
             };
+            let own = nodewarden::handover::OwnState {
+                namespace,
+                lease: lease_name,
+                secret: webhook_secret,
+            };
             tokio::runtime::Runtime::new()
                 .context("starting the async runtime")?
-                .block_on(handover(kubeconfig, scope, namespace))
+                .block_on(handover(kubeconfig, scope, own))
         }
         Command::RelayUpgradeAgent { listen, to } => {
             nodewarden::telemetry::init_logging(cli.log_json, None);
@@ -665,10 +678,10 @@ fn copy_etcd_pki(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result
 async fn handover(
     kubeconfig: Option<std::path::PathBuf>,
     scope: nodewarden::handover::Scope,
-    namespace: String,
+    own: nodewarden::handover::OwnState,
 ) -> anyhow::Result<()> {
     let client = nodewarden::client::build(kubeconfig.as_deref()).await?;
-    let report = nodewarden::handover::hand_over_retrying(&client, &scope, &namespace, 6)
+    let report = nodewarden::handover::hand_over_retrying(&client, &scope, &own, 6)
         .await
         .context("handing over (run it again: every step is repeatable)")?;
     for line in &report.done {

@@ -14,7 +14,7 @@ use crate::support::plans::{TIMEOUT, create_plan, plans, upgrade};
 use crate::support::{Probe, TestEnv, seen, wait_for};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use nodewarden::api::node_maintenance::{MaintenancePhase, medik8s};
@@ -205,5 +205,85 @@ async fn after_a_handover_nothing_of_nodewarden_is_left_on_any_object() {
         }
     })
     .await;
+    env.cleanup().await;
+}
+
+/// A nodewarden run with `--lease-name` and `--webhook-secret` of its own:
+/// the handover given the same names deletes those, and leaves objects of the
+/// default names alone (another nodewarden's, in the same namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_deletes_the_lease_and_secret_it_is_named() {
+    let env = TestEnv::new("handover-names").await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.namespace);
+    for name in ["nodewarden", "nodewarden-blue"] {
+        let lease: Lease = serde_json::from_value(json!({"metadata": {"name": name}})).expect("a Lease");
+        leases
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("creating a Lease");
+    }
+    for name in ["nodewarden-webhook-tls", "nodewarden-blue-tls"] {
+        let secret: Secret = serde_json::from_value(json!({"metadata": {"name": name}})).expect("a Secret");
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("creating a Secret");
+    }
+    // Scoped to nothing of the cluster's: only its own state is at stake.
+    let nothing = "nodewarden.dev/handover-names=none";
+    let out = Command::new(support::nodewarden_binary())
+        .args(["handover", "--namespace", &env.namespace])
+        .args([
+            "--lease-name",
+            "nodewarden-blue",
+            "--webhook-secret",
+            "nodewarden-blue-tls",
+        ])
+        .args(["--node-selector", nothing, "--object-selector", nothing])
+        .env("KUBECONFIG", &support::control_plane().kubeconfig)
+        .output()
+        .expect("running nodewarden handover");
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ns = &env.namespace;
+    assert!(
+        said.contains(&format!("Lease {ns}/nodewarden-blue deleted")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("Secret {ns}/nodewarden-blue-tls deleted")),
+        "{said}"
+    );
+    assert!(
+        leases
+            .get_opt("nodewarden-blue")
+            .await
+            .expect("the Lease")
+            .is_none()
+    );
+    assert!(
+        secrets
+            .get_opt("nodewarden-blue-tls")
+            .await
+            .expect("the Secret")
+            .is_none()
+    );
+    assert!(
+        leases.get_opt("nodewarden").await.expect("the Lease").is_some(),
+        "another's Lease kept"
+    );
+    assert!(
+        secrets
+            .get_opt("nodewarden-webhook-tls")
+            .await
+            .expect("the Secret")
+            .is_some(),
+        "another's Secret kept"
+    );
     env.cleanup().await;
 }
