@@ -11,6 +11,10 @@ stamp is SOURCE_DATE_EPOCH (default 0) and every owner is root.
   oci.py --out X.oci.tar --ref REPO:TAG --arch amd64 --user 65532:65532 \
          --entrypoint /nodewarden --cmd run \
          --file SRC=/DST:MODE ... [--label K=V ...]
+  oci.py --out Y.oci.tar --ref REPO:TAG2 --arch amd64 --from X.oci.tar [--label K=V ...]
+
+With --from, the layer, user, entrypoint, command and labels are those of an
+archive this script wrote; the options given replace them (labels are added).
 """
 
 import argparse
@@ -91,34 +95,61 @@ def sha256(data):
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def read_archive(path):
+    """(layer tar, image config) of a single-layer archive this script wrote."""
+    with tarfile.open(path) as outer:
+        def blob(digest):
+            return outer.extractfile("blobs/sha256/" + digest.split(":", 1)[1]).read()
+        index = json.loads(outer.extractfile("index.json").read())
+        manifest = json.loads(blob(index["manifests"][0]["digest"]))
+        if len(manifest["layers"]) != 1:
+            sys.exit(f"oci.py: --from {path}: {len(manifest['layers'])} layers, expected one")
+        layer = gzip.decompress(blob(manifest["layers"][0]["digest"]))
+        return layer, json.loads(blob(manifest["config"]["digest"]))["config"]
+
+
+def image_content(args):
+    """(layer tar, user, entrypoint, cmd, labels): from --file, or from --from."""
+    labels = dict(label.split("=", 1) for label in args.label)
+    if args.source is None:
+        if not args.file or not args.user or not args.entrypoint:
+            sys.exit("oci.py: --file, --user and --entrypoint are required without --from")
+        return layer_tar(args.file), args.user, args.entrypoint, args.cmd, labels
+    if args.file:
+        sys.exit("oci.py: --from takes the files of its archive: no --file with it")
+    layer, base = read_archive(args.source)
+    return (layer, args.user or base["User"], args.entrypoint or base["Entrypoint"],
+            args.cmd or base.get("Cmd") or [], {**(base.get("Labels") or {}), **labels})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--ref", required=True, help="repository:tag the loaders name the image")
     parser.add_argument("--arch", required=True, choices=["amd64", "arm64"])
-    parser.add_argument("--user", required=True)
-    parser.add_argument("--entrypoint", required=True, action="append")
+    parser.add_argument("--user")
+    parser.add_argument("--entrypoint", action="append")
     parser.add_argument("--cmd", action="append", default=[])
-    parser.add_argument("--file", action="append", required=True, type=parse_file)
+    parser.add_argument("--file", action="append", type=parse_file)
+    parser.add_argument("--from", dest="source", help="an archive this script wrote, to re-tag or re-label")
     parser.add_argument("--label", action="append", default=[])
     args = parser.parse_args()
 
     repository, sep, tag = args.ref.rpartition(":")
     if not sep or "/" in tag or not repository:
         sys.exit(f"oci.py: --ref {args.ref!r}: expected repository:tag")
-    labels = dict(label.split("=", 1) for label in args.label)
+    layer, user, entrypoint, cmd, labels = image_content(args)
     created = datetime.datetime.fromtimestamp(EPOCH, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    layer = layer_tar(args.file)
     layer_gz = gzip_bytes(layer)
     config = canonical({
         "architecture": args.arch,
         "os": "linux",
         "created": created,
         "config": {
-            "User": args.user,
-            "Entrypoint": args.entrypoint,
-            "Cmd": args.cmd,
+            "User": user,
+            "Entrypoint": entrypoint,
+            "Cmd": cmd,
             "Labels": labels,
         },
         "rootfs": {"type": "layers", "diff_ids": [sha256(layer)]},

@@ -27,6 +27,27 @@ timing() {
   return 0
 }
 
+# result WHAT: a check that passed, said now and listed again by print_summary.
+E2E_RESULTS=()
+result() {
+  E2E_RESULTS+=("$1")
+  say "ok: $1"
+}
+
+# print_summary TITLE: the PASSED banner, every result, the timings and the total.
+print_summary() {
+  local banner="==================== $1: PASSED ====================" r phase secs
+  echo
+  echo "$banner"
+  for r in "${E2E_RESULTS[@]}"; do echo "  ok  $r"; done
+  if [ -s "${E2E_TIMINGS:-}" ]; then
+    echo "  timings:"
+    while IFS=$'\t' read -r phase secs; do printf '    %5ss  %s\n' "$secs" "$phase"; done <"$E2E_TIMINGS"
+  fi
+  echo "  total: $(($(date +%s) - E2E_START))s"
+  echo "${banner//?/=}"
+}
+
 # phase NAME CMD...: runs CMD and records how long it took.
 phase() {
   local name=$1 t

@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# `just e2e`: nodewarden end to end on a kind cluster.
+# `just e2e` where Docker and kind are: the suite of the real-node path
+# (e2e/nodes/suite.sh) on a kind cluster. One suite, two ways to get a cluster.
 #
-# Creates (or reuses) the kind cluster nodewarden-e2e, builds the nodewarden
-# image and loads it into kind, installs kwok, nodewarden's namespaces, CRDs
-# and RBAC, the sim-cloud, Jaeger and nodewarden itself (3 replicas), waits
-# until they run and one replica leads, then runs e2e/kind/suite.sh.
+# Creates (or reuses) the kind cluster nodewarden-e2e from kind-config.yaml (a
+# control-plane node and two workers, the suite's real nodes), loads
+# nodewarden's image from `just image` and the suite's other images
+# (e2e/nodes/images.sh) with `kind load image-archive`, installs kwok in the
+# cluster, then what e2e/nodes/install.sh installs on either cluster (the
+# sim-cloud, Jaeger, nodewarden by `helm install` of charts/nodewarden), and
+# runs e2e/nodes/suite.sh (all but the guard of this machine's nodes).
 #
-# NODEWARDEN_E2E_KEEP=1        keep the cluster afterwards (default: delete it on exit)
-# NODEWARDEN_E2E_SKIP_BUILD=1  reuse the image nodewarden:e2e already in Docker
+# Linux only: the images are written without Docker, as on the real-node path
+# (the musl target, Go for the pinned Jaeger and helm, Debian's busybox-static).
+#
+# NODEWARDEN_E2E_KEEP=1     keep the cluster afterwards (default: delete it on exit)
+# NODEWARDEN_E2E_IMAGE=...  an image archive to use instead of building one
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-# shellcheck source-path=SCRIPTDIR source=lib.sh
-source "$here/lib.sh"
+# shellcheck source-path=SCRIPTDIR source=../nodes/lib.sh
+source "$repo/e2e/nodes/lib.sh"
 
-IMAGE=nodewarden:e2e
 KWOK_IMAGE=registry.k8s.io/kwok/kwok:v0.8.0
 work=$repo/.run/e2e-kind
 keep=${NODEWARDEN_E2E_KEEP:-0}
-export E2E_WORK=$work
-export E2E_TIMINGS=$work/timings
+export E2E_WORK=$work E2E_ON=kind E2E_TIMINGS=$work/timings
 
 # --- prerequisites ----------------------------------------------------------
 need docker "install Docker (https://docs.docker.com/get-docker/)"
@@ -33,7 +38,6 @@ if [ -n "$kind_minor" ] && [ "$kind_minor" -lt 22 ]; then
   die "kind $(kind version | awk '{print $2}') is too old: v0.22 or newer is needed (its default Kubernetes must be 1.29+)"
 fi
 docker info >/dev/null 2>&1 || die "Docker is installed but its daemon does not answer ('docker info' fails): start Docker, or check that your user may use it"
-[ -s "$repo/observability/jaeger.yaml" ] || die "observability/jaeger.yaml is missing: the suite deploys Jaeger from it"
 
 mkdir -p "$work"
 rm -f "$work/timings" "$work/diagnostics.txt" "$work/traces.json"
@@ -48,8 +52,7 @@ cleanup() {
     echo
     echo "The cluster $E2E_CLUSTER is kept (NODEWARDEN_E2E_KEEP=1):"
     echo "  export KUBECONFIG=$KUBECONFIG"
-    echo "  kubectl -n observability port-forward svc/jaeger-collector 16686   # Jaeger UI: http://localhost:16686"
-    echo "  kind delete cluster --name $E2E_CLUSTER                             # when done"
+    echo "  kind delete cluster --name $E2E_CLUSTER   # when done"
   elif kind get clusters 2>/dev/null | grep -qx "$E2E_CLUSTER"; then
     say "deleting the kind cluster $E2E_CLUSTER (NODEWARDEN_E2E_KEEP=1 keeps it)"
     kind delete cluster --name "$E2E_CLUSTER" >/dev/null 2>&1 || echo "warning: 'kind delete cluster --name $E2E_CLUSTER' failed" >&2
@@ -59,12 +62,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# --- the images and helm ------------------------------------------------------
+build() {
+  say "building: nodewarden's image (just image), the suite's images, helm"
+  image=${NODEWARDEN_E2E_IMAGE:-$("$repo/e2e/image/build.sh" amd64 | tail -n 1)}
+  [ -s "$image" ] || die "no image archive at $image"
+  export E2E_IMAGE=$image
+  mapfile -t others < <("$repo/e2e/nodes/images.sh" --no-pause)
+  helm=$("$repo/e2e/helm/build.sh" | tail -n 1)
+}
+phase "images and tools built" build
+
 # --- the cluster --------------------------------------------------------------
-reused=0
 create_cluster() {
   if kind get clusters 2>/dev/null | grep -qx "$E2E_CLUSTER"; then
     say "reusing the kind cluster $E2E_CLUSTER"
-    reused=1
   else
     say "creating the kind cluster $E2E_CLUSTER"
     kind create cluster --name "$E2E_CLUSTER" --config "$here/kind-config.yaml" \
@@ -77,24 +89,12 @@ create_cluster() {
   local minor
   minor=$(kubectl version -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["minor"].rstrip("+"))')
   [ "$minor" -ge 29 ] || die "the cluster runs Kubernetes 1.$minor; the e2e suite needs 1.29 or newer (kind v0.22+)"
+  # The workers are the suite's real nodes, as nw-node-1 and -2 are on this machine's.
+  kubectl label nodes -l '!node-role.kubernetes.io/control-plane' nodewarden.dev/e2e-real=true --overwrite >/dev/null
+  say "loading the images into the kind nodes"
+  import_images "$image" "${others[@]}"
 }
-phase "kind cluster ready" create_cluster
-
-# --- the image ------------------------------------------------------------------
-build_image() {
-  if [ "${NODEWARDEN_E2E_SKIP_BUILD:-0}" = 1 ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
-    say "using the existing image $IMAGE (NODEWARDEN_E2E_SKIP_BUILD=1)"
-    return
-  fi
-  say "building $IMAGE (docker build; the first build compiles nodewarden in release mode)"
-  docker build -t "$IMAGE" "$repo"
-}
-phase "docker build" build_image
-load_image() {
-  say "loading $IMAGE into kind"
-  kind load docker-image "$IMAGE" --name "$E2E_CLUSTER"
-}
-phase "kind load docker-image" load_image
+phase "kind cluster ready, images loaded" create_cluster
 
 # --- kwok -------------------------------------------------------------------------
 # kwok.yaml holds the Stage CRD and Stage objects together: apply the CRDs
@@ -114,59 +114,11 @@ install_kwok() {
 }
 phase "kwok installed" install_kwok
 
-# --- nodewarden's namespaces, CRDs and RBAC, the sim-cloud, Jaeger ------------------
-has_jaeger_pods() { [ -n "$(kubectl -n observability get pods -o name)" ]; }
-install_base() {
-  say "applying manifests/base/namespace.yaml, crds.yaml, rbac.yaml"
-  kubectl apply -f "$repo/manifests/base/namespace.yaml" >/dev/null
-  kubectl apply --server-side --force-conflicts -f "$repo/manifests/base/crds.yaml" >/dev/null
-  kubectl wait --for=condition=Established -f "$repo/manifests/base/crds.yaml" --timeout=60s >/dev/null
-  kubectl apply -f "$repo/manifests/base/rbac.yaml" >/dev/null
+# --- the sim-cloud, Jaeger and nodewarden (helm), as on the real nodes -------------
+tools=$work/bin
+mkdir -p "$tools"
+ln -sf "$helm" "$tools/helm"
+export PATH=$tools:$PATH HELM_CACHE_HOME=$work/helm/cache HELM_CONFIG_HOME=$work/helm/config HELM_DATA_HOME=$work/helm/data
+phase "sim-cloud, Jaeger and nodewarden installed" "$repo/e2e/nodes/install.sh"
 
-  say "deploying the sim-cloud (manifests/sim-cloud patched by e2e/kind/sim-cloud)"
-  kubectl kustomize --load-restrictor=LoadRestrictionsNone "$here/sim-cloud" | kubectl apply -f - >/dev/null
-  # On a reused cluster the image may be new: restart what runs it.
-  [ "$reused" = 0 ] || kubectl -n "$E2E_NS" rollout restart deploy/sim-cloud >/dev/null
-  kubectl -n "$E2E_NS" rollout status deploy/sim-cloud --timeout=180s
-
-  say "deploying Jaeger (observability/jaeger.yaml)"
-  kubectl create namespace observability --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  kubectl kustomize --load-restrictor=LoadRestrictionsNone "$here/jaeger" | kubectl apply -f - >/dev/null
-  retry_until 60 "Jaeger's pods to be created" has_jaeger_pods
-  if [ -n "$(kubectl -n observability get deploy -o name)" ]; then
-    kubectl -n observability wait --for=condition=Available deploy --all --timeout=300s
-  else
-    kubectl -n observability wait --for=condition=Ready pod --all --timeout=300s
-  fi
-}
-phase "namespaces, CRDs, RBAC, sim-cloud and Jaeger" install_base
-
-# --- nodewarden -------------------------------------------------------------------
-deploy_nodewarden() {
-  say "deploying nodewarden (the manifests/sim overlay patched by e2e/kind/kustomization.yaml)"
-  kubectl kustomize --load-restrictor=LoadRestrictionsNone "$here" |
-    kubectl apply --server-side --force-conflicts -f - >/dev/null
-  [ "$reused" = 0 ] || kubectl -n "$E2E_NS" rollout restart deploy/nodewarden >/dev/null
-  kubectl -n "$E2E_NS" rollout status deploy/nodewarden --timeout=300s
-  local ready
-  ready=$(kubectl -n "$E2E_NS" get deploy nodewarden -o jsonpath='{.status.readyReplicas}')
-  [ "$ready" = 3 ] || die "nodewarden has ${ready:-0} Ready replicas, not 3"
-  say "waiting for one replica to hold the Lease nodewarden"
-  local deadline holder pods
-  deadline=$(($(date +%s) + 90))
-  while :; do
-    holder=$(lease_holder "$E2E_NS" nodewarden)
-    pods=" $(kubectl -n "$E2E_NS" get pods -l app.kubernetes.io/name=nodewarden \
-      --field-selector=status.phase=Running -o jsonpath='{.items[*].metadata.name}') "
-    if [ -n "$holder" ] && [[ "$pods" == *" $holder "* ]]; then
-      break
-    fi
-    [ "$(date +%s)" -lt "$deadline" ] || die "no running nodewarden pod holds the Lease (holder: '${holder:-none}', pods:$pods)"
-    sleep 2
-  done
-  say "nodewarden: 3 Ready replicas, leader $holder"
-}
-phase "nodewarden 3 replicas Ready, leader elected" deploy_nodewarden
-
-# --- the suite ----------------------------------------------------------------------
-"$here/suite.sh"
+"$repo/e2e/nodes/suite.sh"

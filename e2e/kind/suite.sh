@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The end-to-end suite on the kind cluster that e2e/kind/run.sh prepared
-# (nodewarden x3, sim-cloud, kwok, Jaeger), also run by e2e/nodes/suite.sh on
-# real nodes. Standalone on a kept cluster:
-#   KUBECONFIG=.run/e2e-kind/kubeconfig e2e/kind/suite.sh
+# The rollout step of the e2e suite (e2e/nodes/suite.sh, step 4), on the cluster
+# e2e/nodes/run.sh or e2e/kind/run.sh prepared (nodewarden x3 by helm,
+# sim-cloud, kwok, Jaeger). Standalone on a kept cluster:
+#   KUBECONFIG=.run/e2e/kubeconfig E2E_KWOK=process e2e/kind/suite.sh
 #
 # 1. creates the scaling groups' first instances through the sim-cloud's API
 #    and waits until they joined as Ready kwok Nodes;
@@ -68,8 +68,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-results=()
-result() { results+=("$1"); say "ok: $1"; }
 
 # --- preconditions --------------------------------------------------------
 say "checking that nodewarden (3 replicas), sim-cloud and kwok run"
@@ -359,12 +357,4 @@ result "Jaeger ($jaeger_svc): one 'replace node' trace for each of the $TOTAL re
 
 # --- summary ------------------------------------------------------------------
 suite_ok=1
-echo
-echo "==================== nodewarden e2e: PASSED ===================="
-for r in "${results[@]}"; do echo "  ok  $r"; done
-if [ -s "$E2E_TIMINGS" ]; then
-  echo "  timings:"
-  while IFS=$'\t' read -r phase secs; do printf '    %5ss  %s\n' "$secs" "$phase"; done <"$E2E_TIMINGS"
-fi
-echo "  total: $(($(date +%s) - E2E_START))s"
-echo "================================================================"
+print_summary "nodewarden e2e"

@@ -6,6 +6,7 @@
 #   nodewarden.dev/e2e/busybox:1        Debian's static busybox, for workloads
 #   nodewarden.dev/e2e/upgrade:v1       a Plan's upgrade image: busybox and /upgrade
 #   docker.io/jaegertracing/jaeger:2.13.0  the pinned Jaeger (e2e/jaeger), as observability/jaeger.yaml names it
+# With --no-pause (kind, whose nodes bring their own sandbox image), all but the first.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -29,9 +30,10 @@ PY
 if [ ! -x "$busybox" ] || ! static "$busybox"; then
   die "a static busybox is needed at $busybox (Debian: busybox-static)"
 fi
-nodes_bin=$("$here/build.sh" | tail -n 1)
+with_pause=1
+[ "${1:-}" = --no-pause ] && with_pause=0
 jaeger_bin=$("$repo/e2e/jaeger/build.sh" | tail -n 1)
-key=$(cat "$here/images.sh" "$repo/e2e/image/oci.py" "$busybox" "$nodes_bin/pause" "$jaeger_bin/jaeger" | sha256sum | cut -c1-16)
+key=$(cat "$here/images.sh" "$repo/e2e/image/oci.py" "$busybox" "$jaeger_bin/jaeger" | sha256sum | cut -c1-16)
 cache_root=${NODEWARDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodewarden}
 out=$cache_root/nodes-images/$key
 mkdir -p "$out"
@@ -57,8 +59,13 @@ sleep "${UPGRADE_SECONDS:-2}"
 echo "upgraded"
 SCRIPT
 
-image pause.oci.tar --ref registry.k8s.io/pause:3.10 --user 65535:65535 \
-  --entrypoint /pause --file "$nodes_bin/pause=/pause:0755"
+if [ "$with_pause" = 1 ]; then
+  # Keyed by the pause binary too: it comes from the nodes' own build.
+  nodes_bin=$("$here/build.sh" | tail -n 1)
+  pause_key=$(sha256sum "$nodes_bin/pause" | cut -c1-16)
+  image "pause-$pause_key.oci.tar" --ref registry.k8s.io/pause:3.10 --user 65535:65535 \
+    --entrypoint /pause --file "$nodes_bin/pause=/pause:0755"
+fi
 image busybox.oci.tar --ref nodewarden.dev/e2e/busybox:1 --user 0:0 --entrypoint /bin/sh \
   --file "$busybox=/bin/busybox:0755" --file "$busybox=/bin/sh:0755"
 image upgrade.oci.tar --ref nodewarden.dev/e2e/upgrade:v1 --user 0:0 --entrypoint /upgrade \

@@ -5,7 +5,7 @@
 # nodewarden's image from `just image` and the other images (e2e/nodes/images.sh)
 # into every node, deploys the sim-cloud and Jaeger as pods, installs nodewarden
 # with `helm install` of charts/nodewarden (3 replicas, webhook through its
-# Service, traces to Jaeger), then runs e2e/nodes/suite.sh.
+# Service, traces to Jaeger; e2e/nodes/install.sh), then runs e2e/nodes/suite.sh.
 #
 # NODEWARDEN_E2E_KEEP=1     keep the cluster afterwards (default: stop it on exit)
 # NODEWARDEN_E2E_IMAGE=...  an image archive to use instead of building one
@@ -16,7 +16,7 @@ repo=$(cd "$here/../.." && pwd)
 export NODEWARDEN_RUN_DIR=${NODEWARDEN_RUN_DIR:-$repo/.run/e2e}
 work=$NODEWARDEN_RUN_DIR
 keep=${NODEWARDEN_E2E_KEEP:-0}
-export E2E_WORK=$work/suite
+export E2E_WORK=$work/suite E2E_ON=nodes
 E2E_START=$(date +%s)
 export E2E_START
 mkdir -p "$E2E_WORK"
@@ -41,8 +41,22 @@ build() {
 }
 phase "images and tools built" build
 
+# keep_node_logs: the nodes' own logs, which `cluster.sh down` removes, copied to
+# E2E_WORK/node-logs and their last lines shown (CI keeps only the output).
+keep_node_logs() {
+  local f
+  mkdir -p "$E2E_WORK/node-logs"
+  for f in "$work"/nodes/*/*.log; do
+    [ -f "$f" ] || continue
+    cp "$f" "$E2E_WORK/node-logs/$(basename "$(dirname "$f")")-$(basename "$f")"
+    echo "=== last lines of $f" >&2
+    tail -n 15 "$f" >&2
+  done
+}
+
 cleanup() {
   local rc=$?
+  [ "$rc" = 0 ] || keep_node_logs
   if [ "$keep" = 1 ]; then
     echo "The cluster is kept (NODEWARDEN_E2E_KEEP=1): export KUBECONFIG=$work/kubeconfig;"
     echo "  stop it with: e2e/nodes/cluster.sh down"
@@ -69,18 +83,6 @@ ln -sf "$(cat "$work/bin-dir")/kubectl" "$tools/kubectl"
 ln -sf "$helm" "$tools/helm"
 export PATH=$tools:$PATH HELM_CACHE_HOME=$work/helm/cache HELM_CONFIG_HOME=$work/helm/config HELM_DATA_HOME=$work/helm/data
 
-install() {
-  say "deploying the sim-cloud and Jaeger as pods"
-  kubectl create namespace "$E2E_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  kubectl kustomize --load-restrictor=LoadRestrictionsNone "$here/sim-cloud" | kubectl apply -f - >/dev/null
-  kubectl kustomize --load-restrictor=LoadRestrictionsNone "$here/jaeger" | kubectl apply -f - >/dev/null
-  kubectl -n "$E2E_NS" rollout status deploy/sim-cloud --timeout=180s >/dev/null
-  kubectl -n observability rollout status deploy/jaeger --timeout=180s >/dev/null
-  say "helm install nodewarden charts/nodewarden (3 replicas, cloud sim, traces to Jaeger)"
-  # upgrade --install: the same on a fresh cluster, and a rerun on a kept one.
-  helm upgrade --install nodewarden "$repo/charts/nodewarden" --namespace "$E2E_NS" --create-namespace \
-    -f "$here/values.yaml" --set etcd.hostPKI.path="$work/etcd-pki" --wait --timeout 300s >/dev/null
-}
-phase "sim-cloud, Jaeger and nodewarden installed" install
+phase "sim-cloud, Jaeger and nodewarden installed" "$here/install.sh" --set etcd.hostPKI.path="$work/etcd-pki"
 
 "$here/suite.sh"

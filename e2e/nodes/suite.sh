@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The end-to-end suite on real nodes (e2e/nodes/run.sh prepared the cluster and
-# installed nodewarden with helm). What only real pods show:
+# The end-to-end suite on real nodes: this machine's (e2e/nodes/run.sh) or a
+# kind cluster's (e2e/kind/run.sh), either having installed nodewarden with
+# helm (e2e/nodes/install.sh). What only real pods show:
 #   1. the 3 replicas Ready on real nodes, spread as the chart asks, one leader;
 #   2. a bad NodeMaintenance refused by the webhook through its Service;
-#   3. the guard: a pod cannot reach an address outside the cluster's own;
+#   3. the guard: a pod cannot reach an address outside the cluster's own
+#      (this machine's nodes only);
 #   4. a rollout of kwok nodes by the simulated cloud with the leader killed,
 #      one trace per replaced node read back from Jaeger (e2e/kind/suite.sh);
 #   5. a Plan whose Jobs run on the real nodes, one node at a time;
@@ -21,8 +23,6 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 REAL=nodewarden.dev/e2e-real=true
 APP=app.kubernetes.io/name=nodewarden
-passed=()
-result() { passed+=("$1"); say "ok: $1"; }
 
 # replicas_ready: 3 Ready nodewarden pods, each on a real node.
 replicas_ready() {
@@ -57,28 +57,33 @@ result "3 replicas Ready on real nodes ($(echo "$nodes" | tr '\n' ' ')), leader 
 retry_until 30 "the webhook to refuse a NodeMaintenance of a missing node" webhook_refuses "$tmp/refusal"
 result "webhook through its Service: $(tail -n 1 "$tmp/refusal")"
 
-# --- 3. the guard ------------------------------------------------------------------
-guard_drops() { iptables -t raw -L NW-GUARD -v -x -n | awk '$3 == "DROP" {print $1}'; }
-outside=$(awk '$1 == "nameserver" {print $2; exit}' /etc/resolv.conf)
-outside=${outside:-192.0.2.1}
-before=$(guard_drops)
-kubectl run e2e-guard --image=nodewarden.dev/e2e/busybox:1 --image-pull-policy=Never --restart=Never \
-  --overrides='{"spec":{"nodeSelector":{"nodewarden.dev/e2e-real":"true"}}}' --command -- \
-  sh -c "cat /etc/resolv.conf; if nc -w 3 $outside 53 </dev/null; then echo REACHED; fi" >/dev/null
-pod_done() { kubectl get pod e2e-guard -o jsonpath='{.status.phase}' | grep -qE '^(Succeeded|Failed)$'; }
-retry_until 60 "the guard pod to finish" pod_done
-kubectl logs e2e-guard >"$tmp/guard.log"
-kubectl delete pod e2e-guard --wait=false >/dev/null
-! grep -q REACHED "$tmp/guard.log" || die "a pod reached $outside: the guard let it out"
-if [ "$(grep -c '^nameserver' "$tmp/guard.log")" != 1 ] || ! grep -q '^nameserver 10.99.0.1$' "$tmp/guard.log"; then
-  die "the pod's resolver names another server: $(cat "$tmp/guard.log")"
-fi
-after=$(guard_drops)
-[ "$after" -gt "$before" ] || die "the guard dropped nothing (counter $before → $after): the packet left some other way or never went"
-result "guard: a pod's packet to $outside dropped (NW-GUARD $before → $after), its resolver names only 10.99.0.1"
+# --- 3. the guard (this machine's nodes; a kind cluster has its own network) -------
+guard_step() {
+  local outside before after
+  guard_drops() { iptables -t raw -L NW-GUARD -v -x -n | awk '$3 == "DROP" {print $1}'; }
+  outside=$(awk '$1 == "nameserver" {print $2; exit}' /etc/resolv.conf)
+  outside=${outside:-192.0.2.1}
+  before=$(guard_drops)
+  kubectl run e2e-guard --image=nodewarden.dev/e2e/busybox:1 --image-pull-policy=Never --restart=Never \
+    --overrides='{"spec":{"nodeSelector":{"nodewarden.dev/e2e-real":"true"}}}' --command -- \
+    sh -c "cat /etc/resolv.conf; if nc -w 3 $outside 53 </dev/null; then echo REACHED; fi" >/dev/null
+  pod_done() { kubectl get pod e2e-guard -o jsonpath='{.status.phase}' | grep -qE '^(Succeeded|Failed)$'; }
+  retry_until 60 "the guard pod to finish" pod_done
+  kubectl logs e2e-guard >"$tmp/guard.log"
+  kubectl delete pod e2e-guard --wait=false >/dev/null
+  ! grep -q REACHED "$tmp/guard.log" || die "a pod reached $outside: the guard let it out"
+  if [ "$(grep -c '^nameserver' "$tmp/guard.log")" != 1 ] || ! grep -q '^nameserver 10.99.0.1$' "$tmp/guard.log"; then
+    die "the pod's resolver names another server: $(cat "$tmp/guard.log")"
+  fi
+  after=$(guard_drops)
+  [ "$after" -gt "$before" ] || die "the guard dropped nothing (counter $before → $after): the packet left some other way or never went"
+  result "guard: a pod's packet to $outside dropped (NW-GUARD $before → $after), its resolver names only 10.99.0.1"
+}
+if [ "${E2E_ON:-nodes}" = nodes ]; then guard_step; fi
 
 # --- 4. the rollout of kwok nodes, the leader killed, traces in Jaeger ------------
-E2E_KWOK=process "$repo/e2e/kind/suite.sh"
+# kwok: a process beside the control plane (nodes) or a pod (kind).
+E2E_KWOK=$([ "${E2E_ON:-nodes}" = nodes ] && echo process || echo pod) "$repo/e2e/kind/suite.sh"
 result "rollout by the simulated cloud with the leader killed; one trace per replaced node in Jaeger (above)"
 
 # --- 5. a Plan on the real nodes ------------------------------------------------------
@@ -137,12 +142,4 @@ result "the leader's own node drained: see the times above"
 "$here/upgrade-uninstall.sh"
 result "helm upgrade to a changed image, then helm uninstall leaving nothing behind"
 
-echo
-echo "==================== nodewarden e2e on real nodes: PASSED ===================="
-for r in "${passed[@]}"; do echo "  ok  $r"; done
-if [ -s "${E2E_TIMINGS:-}" ]; then
-  echo "  timings:"
-  while IFS=$'\t' read -r phase secs; do printf '    %5ss  %s\n' "$secs" "$phase"; done <"$E2E_TIMINGS"
-fi
-echo "  total: $(($(date +%s) - E2E_START))s"
-echo "==============================================================================="
+print_summary "nodewarden e2e on real nodes"

@@ -15,25 +15,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # --- the changed image ----------------------------------------------------------
-python3 - "$image" "$tmp/root" <<'PY'
-import gzip, io, json, sys, tarfile
-archive, root = sys.argv[1], sys.argv[2]
-with tarfile.open(archive) as outer:
-    blob = lambda digest: outer.extractfile("blobs/sha256/" + digest.split(":", 1)[1]).read()
-    index = json.loads(outer.extractfile("index.json").read())
-    manifest = json.loads(blob(index["manifests"][0]["digest"]))
-    for layer in manifest["layers"]:
-        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob(layer["digest"])))) as t:
-            t.extractall(root, filter="data")
-PY
 changed=$tmp/nodewarden-e2e.oci.tar
 python3 "$repo/e2e/image/oci.py" --out "$changed" --ref ghcr.io/nodewarden/nodewarden:0.1.0-e2e --arch amd64 \
-  --user 65532:65532 --entrypoint /nodewarden --cmd run \
-  --file "$tmp/root/nodewarden=/nodewarden:0755" \
-  --file "$tmp/root/nodewarden-simcloud=/nodewarden-simcloud:0755" \
-  --file "$tmp/root/etc/ssl/certs/ca-certificates.crt=/etc/ssl/certs/ca-certificates.crt:0644" \
-  --label org.opencontainers.image.title=nodewarden --label nodewarden.dev/e2e=upgrade >/dev/null
-"$here/cluster.sh" import "$changed"
+  --from "$image" --label nodewarden.dev/e2e=upgrade >/dev/null
+import_images "$changed"
 
 # --- helm upgrade -----------------------------------------------------------------
 old_ids=$(kubectl -n "$E2E_NS" get pods -l "$APP" -o jsonpath='{range .items[*]}{.status.containerStatuses[0].imageID}{"\n"}{end}' | sort -u)
