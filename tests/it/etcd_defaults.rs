@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::etcd_members::{finish, joiner_with, members_are_the_nodes, node_ips, times};
+use crate::etcd_members::{finish, joiner_with, members_are_the_nodes, node_ips, times_reaching};
 use crate::support::admission::{create, create_configuration, create_etcd_pod, free_port, maintenance};
 use crate::support::etcd::{EtcdCluster, EtcdOptions};
 use crate::support::plans::{TIMEOUT, create_plan, upgrade, wait_upgraded};
@@ -131,7 +131,7 @@ async fn a_default_install_rolls_a_stacked_control_plane_keeping_three_healthy_m
     );
     let nv = env.name("version");
     assert_eq!(
-        times(env, &nv, "EtcdMemberRemoved").await,
+        times_reaching(env, &nv, "EtcdMemberRemoved", 3).await,
         3,
         "one removal per node"
     );
@@ -241,7 +241,7 @@ async fn a_single_stacked_control_plane_node_is_replaced_and_drained_by_a_plan_w
     let members = members_are_the_nodes(env, &cluster).await;
     assert_eq!(members.len(), 1, "{members:?}");
     let nv = env.name("version");
-    assert_eq!(times(env, &nv, "EtcdMemberRemoved").await, 1);
+    assert_eq!(times_reaching(env, &nv, "EtcdMemberRemoved", 1).await, 1);
     stop.cancel();
     let _ = joining.await;
     let new = node_ips(env).await.into_keys().next().expect("the replacement");

@@ -54,6 +54,7 @@ fn decision(me: &Claim, others: &[Claim]) -> Decision {
         admitted: true,
         lease: None,
         failed_as_duplicate: None,
+        holder: None,
     })
 }
 

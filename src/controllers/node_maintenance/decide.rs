@@ -115,6 +115,9 @@ pub struct Facts<'a> {
     /// stays failed (it never takes the node over, even once the first claim
     /// is gone; deleting that one ends the node's maintenance).
     pub failed_as_duplicate: Option<&'a str>,
+    /// Who the node's record says quarantined it (an owner as claims name
+    /// them), if anyone: the one fact no stale view of a status overrules.
+    pub holder: Option<&'a str>,
 }
 
 /// The order in which claims on a node win: one that holds the node first
@@ -136,6 +139,36 @@ fn first_claim<'a>(me: &Claim, others: &'a [Claim]) -> Option<&'a Claim> {
 /// The reason of a failure because another maintenance holds the node.
 pub const DUPLICATE_MAINTENANCE: &str = "DuplicateMaintenance";
 
+/// Whether another claim keeps this one off its node. The node's holder
+/// first: the maintenance it names keeps the node (its own status may not
+/// have reached this view yet, and ranked by creation a later claim could
+/// fail the holder, leaving the node held by a failed maintenance and the
+/// later one retrying forever); a holder that is no maintenance of the node
+/// (a rollout's or Plan's drain ending) is waited for. With no holder, the
+/// first claim by precedence. A failed duplicate stays failed.
+fn claim_refusal(f: &Facts) -> Option<Decision> {
+    let duplicate_of = |owner: &str| Decision::Fail {
+        reason: DUPLICATE_MAINTENANCE,
+        message: format!(
+            "spec.nodeName: node {:?} is already in maintenance by {owner}",
+            f.node_name
+        ),
+    };
+    match f.holder {
+        Some(h) if h == f.owner => None,
+        _ if f.failed_as_duplicate.is_some() => Some(Decision::Fail {
+            reason: DUPLICATE_MAINTENANCE,
+            message: f.failed_as_duplicate.unwrap_or_default().to_string(),
+        }),
+        Some(h) if f.others.iter().any(|c| c.owner == h && !c.deleting) => Some(duplicate_of(h)),
+        Some(h) => Some(Decision::Wait {
+            reason: "NodeHeld",
+            message: format!("node {:?} is held by {h} until it ends", f.node_name),
+        }),
+        None => first_claim(f.me, f.others).map(|first| duplicate_of(&first.owner)),
+    }
+}
+
 /// What a maintenance should do given the facts (pure; table-tested).
 pub fn decide(f: &Facts) -> Decision {
     if let Some(t) = f.drain_timeout
@@ -152,20 +185,8 @@ pub fn decide(f: &Facts) -> Decision {
             message: format!("spec.nodeName: node {:?} not found", f.node_name),
         };
     }
-    if let Some(message) = f.failed_as_duplicate {
-        return Decision::Fail {
-            reason: DUPLICATE_MAINTENANCE,
-            message: message.to_string(),
-        };
-    }
-    if let Some(first) = first_claim(f.me, f.others) {
-        return Decision::Fail {
-            reason: DUPLICATE_MAINTENANCE,
-            message: format!(
-                "spec.nodeName: node {:?} is already in maintenance by {}",
-                f.node_name, first.owner
-            ),
-        };
+    if let Some(refusal) = claim_refusal(f) {
+        return refusal;
     }
     if let Some(LeaseState::HeldBy(holder)) = &f.lease {
         return Decision::Wait {
@@ -444,6 +465,7 @@ mod tests {
             admitted: true,
             lease: Some(LeaseState::Ours),
             failed_as_duplicate: None,
+            holder: None,
         }
     }
 
@@ -517,6 +539,43 @@ mod tests {
                 "deleting claim ignored",
                 Box::new(|f| f.others = &deleting),
                 "Drain",
+            ),
+            (
+                "the node's holder keeps it though a claim ranks first in a stale view",
+                Box::new(|f| {
+                    f.holder = Some("g/me");
+                    f.others = &same_time_smaller_uid;
+                }),
+                "Drain",
+            ),
+            (
+                "the node's holder is never failed as a duplicate",
+                Box::new(|f| {
+                    f.holder = Some("g/me");
+                    f.failed_as_duplicate = Some("node \"n1\" is already in maintenance by g/z");
+                }),
+                "Drain",
+            ),
+            (
+                "a maintenance holding the node wins though it ranks later in this view",
+                Box::new(|f| {
+                    f.holder = Some("g/second");
+                    f.others = &later;
+                }),
+                "Fail:DuplicateMaintenance",
+            ),
+            (
+                "a holder that is no maintenance of the node is waited for",
+                Box::new(|f| f.holder = Some("plan/ns/p")),
+                "Wait:NodeHeld",
+            ),
+            (
+                "a holder whose maintenance is being deleted is waited for",
+                Box::new(|f| {
+                    f.holder = Some("g/first");
+                    f.others = &deleting;
+                }),
+                "Wait:NodeHeld",
             ),
             (
                 "bad timeout",

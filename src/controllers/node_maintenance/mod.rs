@@ -33,6 +33,7 @@ use kube::{Client, ResourceExt};
 use super::{App, finalizer};
 use crate::api::node_maintenance::{MaintenanceObject, MaintenancePhase, kubevirt, medik8s};
 use crate::drain::DrainEngine;
+use crate::drain::node as quarantine;
 use crate::error::{Category, Error, Result};
 use crate::runtime::controller::{Action, Reconciler};
 use crate::runtime::leader::LeaderHandle;
@@ -249,18 +250,31 @@ impl<M: MaintenanceObject> NodeMaintenanceReconciler<M> {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.reason == DUPLICATE_MAINTENANCE))
             .map(|c| c.message.as_str());
+        let node = self.ctx.nodes.get(&ObjectKey::cluster(node_name));
+        let holder = node.as_deref().and_then(holder_of);
+        let fresh_holder;
         let mut facts = Facts {
             me: &me,
             owner,
             node_name,
-            node_exists: self.ctx.nodes.get(&ObjectKey::cluster(node_name)).is_some(),
+            node_exists: node.is_some(),
             others: &others,
             drain_timeout: obj.drain_timeout(),
             admitted: true,
             lease: None,
             failed_as_duplicate,
+            holder: holder.as_deref(),
         };
-        let decision = decide(&facts);
+        let mut decision = decide(&facts);
+        // Failing a maintenance as a duplicate is final: never on a store
+        // that may not show yet that it holds the node (it wrote the node
+        // just before). The node as the API has it decides.
+        if matches!(&decision, Decision::Fail { reason, .. } if *reason == DUPLICATE_MAINTENANCE) {
+            let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+            fresh_holder = nodes.get_opt(node_name).await?.as_ref().and_then(holder_of);
+            facts.holder = fresh_holder.as_deref();
+            decision = decide(&facts);
+        }
         if decision != Decision::Drain {
             return Ok(decision);
         }
@@ -325,6 +339,11 @@ fn register_group<M: MaintenanceObject>(
         store,
         queue,
     });
+}
+
+/// The owner nodewarden's record on the node names (see [`quarantine`]).
+fn holder_of(node: &Node) -> Option<String> {
+    quarantine::recorded_changes(node).map(|c| c.owner)
 }
 
 fn claims_of(a: Store<medik8s::NodeMaintenance>, b: Store<kubevirt::NodeMaintenance>) -> ClaimsOf {
