@@ -60,9 +60,10 @@ chaos seeds="1 2 3 4 5 6 7 8 9 10":
     done
     exit $failed
 
-# shellcheck (pinned, cached outside the repository) on the e2e and CI scripts and the scripts nodewarden ships (src); no import cycle between the library's modules, and no tool crate used by the library or the operator's binary; no function of 80 lines or more outside the tests and the pure planners; rustfmt check and clippy with warnings denied.
+# shellcheck (pinned, cached outside the repository) on the e2e and CI scripts and the scripts nodewarden ships (src), and no pipe into a reader that stops early (exit 141 at random under pipefail); no import cycle between the library's modules, and no tool crate used by the library or the operator's binary; no function of 80 lines or more outside the tests and the pure planners; rustfmt check and clippy with warnings denied.
 lint:
     e2e/tools/shellcheck.sh --external-sources $(find e2e src -name '*.sh' | sort) .ci/run
+    python3 e2e/tools/early-exit-pipes.py $(find e2e src -name '*.sh' | sort) .ci/run Justfile
     python3 e2e/tools/module-cycles.py src
     if grep -rnE 'nodewarden_(simcloud|timeline)' src --include='*.rs' --exclude-dir=bin; then echo "the library and the operator's binary must not use the tools' crates"; exit 1; fi
     python3 e2e/tools/function-length.py src crates

@@ -143,7 +143,7 @@ EOF
     >"$run/sim-cloud.out" 2>"$run/sim-cloud.log" </dev/null &
   echo $! >"$run/sim-cloud.pid"
   for i in $(seq 1 300); do
-    sim_addr=$(sed -n 's/^listening on //p' "$run/sim-cloud.out" | head -n 1)
+    sim_addr=$(sed -n 's/^listening on //p;T;q' "$run/sim-cloud.out")
     [ -n "$sim_addr" ] && return 0
     alive "$(cat "$run/sim-cloud.pid")" || { tail -n 20 "$run/sim-cloud.log" >&2; die "sim-cloud exited"; }
     sleep 0.1

@@ -30,7 +30,7 @@ archive=$(image_archive "$arch")
 mkdir -p "$(dirname "$archive")"
 
 # --- the binaries -----------------------------------------------------------------
-if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+if ! grep -qx "$target" <<<"$(rustup target list --installed 2>/dev/null)"; then
   log "adding the Rust target $target"
   rustup target add "$target" >&2
 fi

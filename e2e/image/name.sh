@@ -7,7 +7,7 @@
 # The sourcing script sets root and reads what this sets:
 # shellcheck disable=SC2034,SC2154
 
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p;T;q' "$root/Cargo.toml")
 [ -n "$version" ] || die "no version in Cargo.toml"
 image_ref="ghcr.io/nodewarden/nodewarden:$version"
 target_dir=${CARGO_TARGET_DIR:-$root/target}

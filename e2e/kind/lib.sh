@@ -71,7 +71,7 @@ port_forward() {
   pid=$!
   E2E_PORT_FORWARD_PIDS+=("$pid")
   for _ in $(seq 1 60); do
-    port=$(sed -n 's/^Forwarding from 127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p' "$log" | head -n1)
+    port=$(sed -n 's/^Forwarding from 127\.0\.0\.1:\([0-9][0-9]*\) .*/\1/p;T;q' "$log")
     [ -n "$port" ] && break
     if ! kill -0 "$pid" 2>/dev/null; then
       cat "$log" >&2

@@ -53,7 +53,7 @@ cleanup() {
     echo "The cluster $E2E_CLUSTER is kept (NODEWARDEN_E2E_KEEP=1):"
     echo "  export KUBECONFIG=$KUBECONFIG"
     echo "  kind delete cluster --name $E2E_CLUSTER   # when done"
-  elif kind get clusters 2>/dev/null | grep -qx "$E2E_CLUSTER"; then
+  elif grep -qx "$E2E_CLUSTER" <<<"$(kind get clusters 2>/dev/null)"; then
     say "deleting the kind cluster $E2E_CLUSTER (NODEWARDEN_E2E_KEEP=1 keeps it)"
     kind delete cluster --name "$E2E_CLUSTER" >/dev/null 2>&1 || echo "warning: 'kind delete cluster --name $E2E_CLUSTER' failed" >&2
   fi
@@ -75,7 +75,7 @@ phase "images and tools built" build
 
 # --- the cluster --------------------------------------------------------------
 create_cluster() {
-  if kind get clusters 2>/dev/null | grep -qx "$E2E_CLUSTER"; then
+  if grep -qx "$E2E_CLUSTER" <<<"$(kind get clusters 2>/dev/null)"; then
     say "reusing the kind cluster $E2E_CLUSTER"
   else
     say "creating the kind cluster $E2E_CLUSTER"

@@ -103,7 +103,7 @@ fi
 port_forward "$E2E_NS" svc/sim-cloud 8090
 sim="http://127.0.0.1:$E2E_PF_PORT"
 retry_until 30 "the sim-cloud API" curl -fsS "$sim/healthz"
-curl -fsS "$sim/groups" | grep -q "\"$WORKER_GROUP\"" || die "the sim-cloud has no group $WORKER_GROUP (sim-cloud.yaml)"
+grep -q "\"$WORKER_GROUP\"" <<<"$(curl -fsS "$sim/groups")" || die "the sim-cloud has no group $WORKER_GROUP (sim-cloud.yaml)"
 
 say "creating $CP_NODES control-plane and $WORKER_NODES worker instances through the sim-cloud"
 t=$(date +%s)

@@ -113,7 +113,7 @@ pid_of() {
   [ -f "$run_dir/pid" ] || return 1
   pid=$(cat "$run_dir/pid")
   [ -n "$pid" ] && alive "$pid" || return 1
-  tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | sed -n 2p | grep -q '/moto_server$' || return 1
+  [[ "$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | sed -n 2p)" == */moto_server ]] || return 1
   echo "$pid"
 }
 

@@ -11,7 +11,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here"
 
 key=$(cat go.mod go.sum build.sh | sha256sum | cut -c1-16)
-k8s_version=$(awk '$1=="k8s.io/kubernetes"{print $2}' go.mod | head -n 1)
+k8s_version=$(awk '$1=="k8s.io/kubernetes"{print $2; exit}' go.mod)
 [ -n "$k8s_version" ] || k8s_version=$(sed -n 's/^require k8s.io\/kubernetes \(v[^ ]*\)$/\1/p' go.mod)
 cache_root=${NODEWARDEN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodewarden}
 bin_dir="$cache_root/nodes/${k8s_version}-${key}"

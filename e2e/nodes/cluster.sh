@@ -59,7 +59,7 @@ network_up() {
   ip link show "$bridge" >/dev/null 2>&1 || ip link add "$bridge" type bridge
   ip link set "$bridge" up
   for ip in "$api_ip" $(for i in $(seq 1 "$count"); do node_ip "$i"; done); do
-    ip addr show dev "$bridge" | grep -q " $ip/32 " || ip addr add "$ip/32" dev "$bridge"
+    grep -q " $ip/32 " <<<"$(ip addr show dev "$bridge")" || ip addr add "$ip/32" dev "$bridge"
   done
   cat /proc/sys/net/ipv4/ip_forward >"$run_dir/ip_forward.before" 2>/dev/null || true
   sysctl -qw net.ipv4.ip_forward=1

@@ -95,7 +95,8 @@ new_node=$(kubectl -n "$E2E_NS" get pod "$new_leader" -o jsonpath='{.spec.nodeNa
 [ "$new_node" != "$node" ] || die "the leader $new_leader runs on the drained node $node"
 
 # The new leader's first reconcile of the maintenance, from its own log (UTC stamps).
-first=$(kubectl -n "$E2E_NS" logs "$new_leader" | grep -m1 "object=$NM" | awk '{print $1}')
+kubectl -n "$E2E_NS" logs "$new_leader" >"$work/new-leader.log"
+first=$(awk -v nm="object=$NM" 'index($0, nm) {print $1; exit}' "$work/new-leader.log")
 first_ms=$(python3 -c 'import sys, datetime; print(int(datetime.datetime.fromisoformat(sys.argv[1].replace("Z", "+00:00")).timestamp() * 1000))' "${first:-1970-01-01T00:00:00Z}")
 [ -n "$first" ] || die "the new leader's log names no reconcile of $NM"
 kubectl get "$NM_RES" "$NM" -o jsonpath='{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' | tee "$work/drain-conditions.txt"
@@ -117,7 +118,7 @@ say "deleting the maintenance: $node uncordoned, its taint removed"
 kubectl delete "$NM_RES" "$NM" --timeout=60s >/dev/null
 undone() {
   [ -z "$(kubectl get node "$node" -o jsonpath='{.spec.unschedulable}')" ] &&
-    ! kubectl get node "$node" -o jsonpath='{.spec.taints[*].key}' | grep -q 'medik8s.io/drain'
+    [[ "$(kubectl get node "$node" -o jsonpath='{.spec.taints[*].key}')" != *medik8s.io/drain* ]]
 }
 retry_until 60 "$node to be uncordoned and untainted" undone
 kubectl delete namespace "$WORKLOAD_NS" --wait=false >/dev/null

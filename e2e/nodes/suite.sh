@@ -34,7 +34,7 @@ replicas_ready() {
 leader_pod() {
   local holder
   holder=$(lease_holder "$E2E_NS" nodewarden)
-  [ -n "$holder" ] && kubectl -n "$E2E_NS" get pod "$holder" -o jsonpath='{.status.phase}' 2>/dev/null | grep -qx Running &&
+  [ -n "$holder" ] && [ "$(kubectl -n "$E2E_NS" get pod "$holder" -o jsonpath='{.status.phase}' 2>/dev/null)" = Running ] &&
     echo "$holder"
 }
 
@@ -48,7 +48,7 @@ real_nodes=$(kubectl get nodes -l "$REAL" -o name | wc -l)
 [ "$(echo "$nodes" | wc -l)" -ge "$((real_nodes < 3 ? real_nodes : 3))" ] ||
   die "the replicas are not spread over the real nodes: $(echo "$nodes" | tr '\n' ' ')"
 for n in $nodes; do
-  kubectl get node "$n" -o jsonpath='{.metadata.labels}' | grep -q 'nodewarden.dev/e2e-real' || die "a replica runs on $n, not a real node"
+  [[ "$(kubectl get node "$n" -o jsonpath='{.metadata.labels}')" == *nodewarden.dev/e2e-real* ]] || die "a replica runs on $n, not a real node"
 done
 timing "3 replicas Ready, leader elected" $(($(date +%s) - t))
 result "3 replicas Ready on real nodes ($(echo "$nodes" | tr '\n' ' ')), leader $(leader_pod)"
@@ -67,7 +67,7 @@ guard_step() {
   kubectl run e2e-guard --image=nodewarden.dev/e2e/busybox:1 --image-pull-policy=Never --restart=Never \
     --overrides='{"spec":{"nodeSelector":{"nodewarden.dev/e2e-real":"true"}}}' --command -- \
     sh -c "cat /etc/resolv.conf; if nc -w 3 $outside 53 </dev/null; then echo REACHED; fi" >/dev/null
-  pod_done() { kubectl get pod e2e-guard -o jsonpath='{.status.phase}' | grep -qE '^(Succeeded|Failed)$'; }
+  pod_done() { [[ "$(kubectl get pod e2e-guard -o jsonpath='{.status.phase}')" =~ ^(Succeeded|Failed)$ ]]; }
   retry_until 60 "the guard pod to finish" pod_done
   kubectl logs e2e-guard >"$tmp/guard.log"
   kubectl delete pod e2e-guard --wait=false >/dev/null
@@ -129,7 +129,7 @@ kubectl -n e2e-plans get jobs -o wide | tee "$tmp/jobs.txt"
 jobs_ok=$(kubectl -n e2e-plans get jobs -o jsonpath='{range .items[*]}{.status.succeeded}{"\n"}{end}' | grep -c '^1$' || true)
 [ "$jobs_ok" -ge "$real_nodes" ] || die "only $jobs_ok upgrade Jobs succeeded"
 job_pod=$(kubectl -n e2e-plans get pods -o jsonpath='{.items[0].metadata.name}')
-kubectl -n e2e-plans logs "$job_pod" -c upgrade | grep -q '^upgraded$' || die "the upgrade Job's log lacks its last line"
+grep -q '^upgraded$' <<<"$(kubectl -n e2e-plans logs "$job_pod" -c upgrade)" || die "the upgrade Job's log lacks its last line"
 kubectl delete namespace e2e-plans --wait=false >/dev/null
 timing "Plan applied to the real nodes" $(($(date +%s) - t))
 result "Plan e2e-upgrade: $jobs_ok Jobs ran on the real nodes one at a time, each node labelled and uncordoned"

@@ -34,7 +34,7 @@ new_ids=$(kubectl -n "$E2E_NS" get pods -l "$APP" --field-selector=status.phase=
 leader_is_new() {
   local holder
   holder=$(lease_holder "$E2E_NS" nodewarden)
-  [ -n "$holder" ] && kubectl -n "$E2E_NS" get pod "$holder" -o jsonpath='{.status.containerStatuses[0].imageID}' | grep -qF "$new_ids"
+  [ -n "$holder" ] && [ "$(kubectl -n "$E2E_NS" get pod "$holder" -o jsonpath='{.status.containerStatuses[0].imageID}')" = "$new_ids" ]
 }
 retry_until 60 "a leader on the new image" leader_is_new
 retry_until 30 "the upgraded webhook to refuse a NodeMaintenance of a missing node" webhook_refuses "$tmp/refusal"
