@@ -144,8 +144,8 @@ struct RunArgs {
     /// groups). Required with `--cloud aws`.
     #[arg(long, env = "NODEWARDEN_AWS_CLUSTER_UID")]
     aws_cluster_uid: Option<String>,
-    /// AWS: another endpoint for every service (moto, LocalStack); the SDK's
-    /// AWS_ENDPOINT_URL works too.
+    /// AWS: another endpoint for every service (moto, LocalStack);
+    /// AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_<SERVICE> work too.
     #[arg(long, env = "NODEWARDEN_AWS_ENDPOINT")]
     aws_endpoint: Option<String>,
     /// AWS: how long one API call may take before it counts as failed (seconds).

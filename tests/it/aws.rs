@@ -1,5 +1,5 @@
 //! The `aws` provider against moto (the AWS mock, pinned, `e2e/moto/`):
-//! Auto Scaling groups with launch templates made through the SDK as
+//! Auto Scaling groups with launch templates made through the Query API as
 //! Constellation's installer makes them, a joiner playing the kubelets,
 //! ScalingGroups discovered from the groups' tags, and a NodeVersion image
 //! change that replaces every node through the AWS API, at upstream's
@@ -13,7 +13,8 @@ use std::time::Duration;
 use crate::support::aws::*;
 use crate::support::rollout::*;
 use crate::support::{TcpProxy, TestEnv};
-use nodewarden::cloud::aws::AwsProvider;
+use nodewarden::cloud::aws::query::QueryClient;
+use nodewarden::cloud::aws::{AwsProvider, api};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovered_groups_are_replaced_through_auto_scaling_within_the_node_budget_without_a_leak() {
@@ -60,20 +61,13 @@ async fn discovered_groups_are_replaced_through_auto_scaling_within_the_node_bud
 async fn creates_and_terminates_side_by_side_keep_the_group_at_its_size() {
     use nodewarden::cloud::{CloudProvider, CreateNodeRequest};
     const SIZE: usize = 4;
-    let (moto, sdk, uid, group) = moto_with_group("race", SIZE as i32).await;
-    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let (moto, aws, uid, group) = moto_with_group("race", SIZE as i32).await;
     let running = || async {
-        instances(&ec2, &uid)
+        instances(&aws, &uid)
             .await
             .expect("moto's instances")
             .into_iter()
-            .filter(|(_, i)| {
-                !matches!(
-                    i.0,
-                    aws_sdk_ec2::types::InstanceStateName::Terminated
-                        | aws_sdk_ec2::types::InstanceStateName::ShuttingDown
-                )
-            })
+            .filter(|(_, i)| !matches!(i.0.as_str(), "terminated" | "shutting-down"))
             .map(|(id, i)| format!("aws:///{}/{id}", i.2))
             .collect::<Vec<_>>()
     };
@@ -89,7 +83,7 @@ async fn creates_and_terminates_side_by_side_keep_the_group_at_its_size() {
         deleted.expect("the terminate");
     }
     assert_eq!(
-        desired_capacity(&sdk, &group).await,
+        desired_capacity(&aws, &group).await,
         Some(SIZE as i32),
         "the group's desired capacity"
     );
@@ -109,15 +103,15 @@ async fn creates_and_terminates_side_by_side_keep_the_group_at_its_size() {
 async fn a_capacity_change_without_an_answer_is_not_overtaken_by_the_next() {
     use nodewarden::cloud::{CloudError, CloudProvider, CreateNodeRequest};
     const SIZE: i32 = 3;
-    let (moto, sdk, uid, group) = moto_with_group("doubt", SIZE).await;
+    let (moto, aws, uid, group) = moto_with_group("doubt", SIZE).await;
     let proxy = TcpProxy::start(moto.endpoint.trim_start_matches("http://").to_string()).await;
     proxy.hold_first(b"Action=SetDesiredCapacity&", Duration::from_secs(4));
     let mut config = moto.provider_config(&uid);
     config.endpoint = Some(format!("http://127.0.0.1:{}", proxy.port));
     config.call_timeout = Some(Duration::from_secs(1));
     let provider = AwsProvider::new(config).await.expect("the aws provider");
-    let desired = || desired_capacity(&sdk, &group);
-    let in_service = || in_service(&sdk, &group);
+    let desired = || desired_capacity(&aws, &group);
+    let in_service = || in_service(&aws, &group);
     let old = in_service().await;
     assert_eq!(old.len(), SIZE as usize, "{old:?}");
 
@@ -192,7 +186,7 @@ async fn a_capacity_change_without_an_answer_is_not_overtaken_by_the_next() {
 async fn a_create_cut_off_before_tagging_is_found_after_a_terminate_lowered_the_group() {
     use nodewarden::cloud::{CloudError, CloudProvider, CreateNodeRequest};
     const SIZE: i32 = 3;
-    let (moto, sdk, uid, group) = moto_with_group("cutoff", SIZE).await;
+    let (moto, aws, uid, group) = moto_with_group("cutoff", SIZE).await;
     let proxy = TcpProxy::start(moto.endpoint.trim_start_matches("http://").to_string()).await;
     // The instance's tagging never lands: the leader dies while it is sent.
     proxy.hold_first(b"Action=CreateTags&", Duration::from_secs(30));
@@ -200,7 +194,7 @@ async fn a_create_cut_off_before_tagging_is_found_after_a_terminate_lowered_the_
     config.endpoint = Some(format!("http://127.0.0.1:{}", proxy.port));
     config.call_timeout = Some(Duration::from_secs(1));
     let dying = AwsProvider::new(config).await.expect("the aws provider");
-    let old = in_service(&sdk, &group).await;
+    let old = in_service(&aws, &group).await;
     assert_eq!(old.len(), SIZE as usize, "{old:?}");
     let request = CreateNodeRequest::new(group.clone()).with_request_id("cut-off".to_string());
     let first = dying.create_node(&request).await;
@@ -211,7 +205,7 @@ async fn a_create_cut_off_before_tagging_is_found_after_a_terminate_lowered_the_
     assert_eq!(proxy.held_seen(), 1, "the instance's tagging was sent once");
     drop(dying);
     drop(proxy);
-    let desired = || desired_capacity(&sdk, &group);
+    let desired = || desired_capacity(&aws, &group);
     assert_eq!(
         desired().await,
         Some(SIZE + 1),
@@ -228,7 +222,7 @@ async fn a_create_cut_off_before_tagging_is_found_after_a_terminate_lowered_the_
     let mut want: Vec<String> = old[1..].to_vec();
     want.push(created.provider_id.clone());
     want.sort();
-    let mut now = in_service(&sdk, &group).await;
+    let mut now = in_service(&aws, &group).await;
     now.sort();
     assert_eq!(
         now, want,
@@ -238,49 +232,32 @@ async fn a_create_cut_off_before_tagging_is_found_after_a_terminate_lowered_the_
 }
 
 /// moto with one worker group of `size` on ami-00000001, of a cluster
-/// named by `prefix`: (moto, its SDK configuration, cluster uid, group).
-async fn moto_with_group(prefix: &str, size: i32) -> (Moto, aws_config::SdkConfig, String, String) {
+/// named by `prefix`: (moto, a client of it, cluster uid, group).
+async fn moto_with_group(prefix: &str, size: i32) -> (Moto, Arc<QueryClient>, String, String) {
     let moto = Moto::start();
-    let sdk = moto.sdk().await;
+    let aws = moto.client();
     let uid = format!("{prefix}-{}", std::process::id());
     let group = format!("{uid}-workers");
-    create_group(&sdk, &uid, &group, "worker", size, "ami-00000001").await;
-    (moto, sdk, uid, group)
+    create_group(&aws, &uid, &group, "worker", size, "ami-00000001").await;
+    (moto, aws, uid, group)
 }
 
 /// The group's desired capacity as moto has it.
-async fn desired_capacity(sdk: &aws_config::SdkConfig, group: &str) -> Option<i32> {
-    aws_sdk_autoscaling::Client::new(sdk)
-        .describe_auto_scaling_groups()
-        .auto_scaling_group_names(group)
-        .send()
+async fn desired_capacity(aws: &QueryClient, group: &str) -> Option<i32> {
+    let (groups, _) = api::describe_groups(aws, &[group], None, None)
         .await
-        .expect("the group")
-        .auto_scaling_groups
-        .unwrap_or_default()
-        .first()
-        .and_then(|g| g.desired_capacity)
+        .expect("the group");
+    groups.first().map(|g| g.desired_capacity)
 }
 
 /// The provider IDs of the group's instances in service, as moto has them.
-async fn in_service(sdk: &aws_config::SdkConfig, group: &str) -> Vec<String> {
-    aws_sdk_autoscaling::Client::new(sdk)
-        .describe_auto_scaling_instances()
-        .send()
+async fn in_service(aws: &QueryClient, group: &str) -> Vec<String> {
+    api::describe_group_instances(aws, &[])
         .await
         .expect("the group's instances")
-        .auto_scaling_instances
-        .unwrap_or_default()
         .into_iter()
-        .filter(|i| i.auto_scaling_group_name() == Some(group))
-        .filter(|i| i.lifecycle_state() == Some("InService"))
-        .map(|i| {
-            format!(
-                "aws:///{}/{}",
-                i.availability_zone().unwrap_or_default(),
-                i.instance_id().unwrap_or_default()
-            )
-        })
+        .filter(|i| i.group == group && i.lifecycle_state == "InService")
+        .map(|i| format!("aws:///{}/{}", i.zone, i.id))
         .collect()
 }
 

@@ -87,7 +87,7 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
     let dir = replica_log_dir(&env.id);
     let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
     // IRSA: the pod identity webhook sets these from the ServiceAccount's
-    // annotation and a projected token; the SDK trades the token for keys
+    // annotation and a projected token; nodewarden trades the token for keys
     // at STS (here moto's, through AWS_ENDPOINT_URL like every service).
     let token: Value = serde_json::from_slice(&std::fs::read(&kubeconfig).expect("the kubeconfig"))
         .expect("a JSON kubeconfig");

@@ -1,5 +1,5 @@
 //! AWS in tests: moto's server (pinned, `e2e/moto/moto.sh`), Auto Scaling
-//! groups made through the SDK as Constellation's installer makes them,
+//! groups made through the Query API as Constellation's installer makes them,
 //! and a joiner that plays the kubelets: each running instance of the
 //! cluster becomes a kwok Node with its provider ID and image after a boot
 //! delay, and its Node goes when the instance is terminated.
@@ -7,15 +7,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_autoscaling::types::{LaunchTemplateSpecification, Tag as AsgTag};
-use aws_sdk_ec2::types::{InstanceStateName, RequestLaunchTemplateData};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use nodewarden::api::update::{NodeVersion, ScalingGroup};
 use nodewarden::cloud::GroupRole;
+use nodewarden::cloud::aws::api;
+use nodewarden::cloud::aws::form::Params;
+use nodewarden::cloud::aws::query::{QueryClient, Service, Settings};
 use nodewarden_simcloud::model::JoinJob;
 use tokio_util::sync::CancellationToken;
 
@@ -69,21 +71,15 @@ impl Moto {
         pid.trim().parse().expect("a pid")
     }
 
-    /// An SDK configuration for this server.
-    pub async fn sdk(&self) -> aws_config::SdkConfig {
-        use aws_smithy_http_client::tls;
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-            .build_https();
-        aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .http_client(http)
-            .endpoint_url(&self.endpoint)
-            .region(aws_config::Region::new(REGION))
-            .credentials_provider(aws_sdk_ec2::config::Credentials::new(
-                KEY.0, KEY.1, None, None, "test",
-            ))
-            .load()
-            .await
+    /// A client of this server's EC2 and Auto Scaling APIs.
+    pub fn client(&self) -> Arc<QueryClient> {
+        let settings = Settings {
+            region: REGION.into(),
+            endpoint: Some(self.endpoint.clone()),
+            static_credentials: Some((KEY.0.into(), KEY.1.into())),
+            call_timeout: Duration::from_secs(10),
+        };
+        Arc::new(QueryClient::new(settings).expect("a client of moto"))
     }
 
     /// The provider configuration nodewarden gets for this server.
@@ -122,103 +118,70 @@ impl Drop for Moto {
 /// A launch template on `image` and an Auto Scaling group of `size` from it,
 /// tagged for the cluster (`constellation-uid`, `-role`, `-node-group`,
 /// propagated to the instances).
-pub async fn create_group(
-    sdk: &aws_config::SdkConfig,
-    uid: &str,
-    name: &str,
-    role: &str,
-    size: i32,
-    image: &str,
-) {
-    let ec2 = aws_sdk_ec2::Client::new(sdk);
-    let template = ec2
-        .create_launch_template()
-        .launch_template_name(format!("{name}-template"))
-        .launch_template_data(
-            RequestLaunchTemplateData::builder()
-                .image_id(image)
-                .instance_type(aws_sdk_ec2::types::InstanceType::T3Small)
-                .build(),
-        )
-        .send()
+pub async fn create_group(aws: &QueryClient, uid: &str, name: &str, role: &str, size: i32, image: &str) {
+    let template = Params::new("CreateLaunchTemplate", Service::Ec2.version())
+        .set("LaunchTemplateName", format!("{name}-template"))
+        .set("LaunchTemplateData.ImageId", image)
+        .set("LaunchTemplateData.InstanceType", "t3.small");
+    let created = aws
+        .call(Service::Ec2, template, "a launch template")
         .await
         .expect("a launch template");
-    let id = template
-        .launch_template
-        .and_then(|t| t.launch_template_id)
+    let id = created
+        .text_at(&["launchTemplate", "launchTemplateId"])
         .expect("a template id");
-    let tag = |k: &str, v: &str| {
-        AsgTag::builder()
-            .key(k)
-            .value(v)
-            .propagate_at_launch(true)
-            .build()
-    };
-    aws_sdk_autoscaling::Client::new(sdk)
-        .create_auto_scaling_group()
-        .auto_scaling_group_name(name)
-        .launch_template(
-            LaunchTemplateSpecification::builder()
-                .launch_template_id(id)
-                .version("$Default")
-                .build(),
-        )
-        .availability_zones(format!("{REGION}a"))
-        .min_size(0)
-        .max_size(20)
-        .desired_capacity(size)
-        .tags(tag("constellation-uid", uid))
-        .tags(tag("constellation-role", role))
-        .tags(tag("constellation-node-group", name))
-        .send()
+    let tags: Vec<Vec<(&str, String)>> = [
+        ("constellation-uid", uid),
+        ("constellation-role", role),
+        ("constellation-node-group", name),
+    ]
+    .iter()
+    .map(|(k, v)| {
+        vec![
+            ("Key", k.to_string()),
+            ("Value", v.to_string()),
+            ("PropagateAtLaunch", "true".into()),
+        ]
+    })
+    .collect();
+    let group = Params::new("CreateAutoScalingGroup", Service::AutoScaling.version())
+        .set("AutoScalingGroupName", name)
+        .set("LaunchTemplate.LaunchTemplateId", id)
+        .set("LaunchTemplate.Version", "$Default")
+        .list("AvailabilityZones.member", [format!("{REGION}a")])
+        .set("MinSize", "0")
+        .set("MaxSize", "20")
+        .set("DesiredCapacity", size.to_string())
+        .structs("Tags.member", &tags);
+    aws.call(Service::AutoScaling, group, "an Auto Scaling group")
         .await
         .expect("an Auto Scaling group");
 }
 
 /// The cluster's instances as EC2 shows them: id → (state, image, zone,
-/// private DNS name, role tag, group).
-pub type Instances = BTreeMap<String, (InstanceStateName, String, String, String, String)>;
+/// private DNS name, role tag).
+pub type Instances = BTreeMap<String, (String, String, String, String, String)>;
 
-pub async fn instances(ec2: &aws_sdk_ec2::Client, uid: &str) -> Result<Instances, String> {
-    let out = ec2
-        .describe_instances()
-        .filters(
-            aws_sdk_ec2::types::Filter::builder()
-                .name("tag:constellation-uid")
-                .values(uid)
-                .build(),
-        )
-        .send()
+pub async fn instances(aws: &QueryClient, uid: &str) -> Result<Instances, String> {
+    let found = api::describe_instances(aws, &[], Some(("constellation-uid", uid)))
         .await
-        .map_err(|e| format!("{e:?}"))?;
+        .map_err(|e| e.to_string())?;
     let mut all = Instances::new();
-    for i in out
-        .reservations
-        .unwrap_or_default()
-        .into_iter()
-        .flat_map(|r| r.instances.unwrap_or_default())
-    {
-        let tag = |k: &str| {
-            i.tags()
-                .iter()
-                .find(|t| t.key() == Some(k))
-                .and_then(|t| t.value.clone())
-                .unwrap_or_default()
-        };
+    for i in found {
+        let role = i
+            .tags
+            .iter()
+            .find(|(k, _)| k == "constellation-role")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
         let value = (
-            i.state
-                .as_ref()
-                .and_then(|s| s.name.clone())
-                .unwrap_or(InstanceStateName::Pending),
+            i.state.clone().unwrap_or_else(|| "pending".into()),
             i.image_id.clone().unwrap_or_default(),
-            i.placement
-                .as_ref()
-                .and_then(|p| p.availability_zone.clone())
-                .unwrap_or_default(),
+            i.zone.clone().unwrap_or_default(),
             i.private_dns_name.clone().unwrap_or_default(),
-            tag("constellation-role"),
+            role,
         );
-        all.insert(i.instance_id.clone().unwrap_or_default(), value);
+        all.insert(i.id, value);
     }
     Ok(all)
 }
@@ -227,21 +190,20 @@ pub async fn instances(ec2: &aws_sdk_ec2::Client, uid: &str) -> Result<Instances
 /// `boot` after the joiner first sees it; a terminated instance's Node goes.
 pub async fn join(
     client: Client,
-    sdk: aws_config::SdkConfig,
+    aws: Arc<QueryClient>,
     run_id: String,
     uid: String,
     boot: Duration,
     stop: CancellationToken,
 ) {
-    let ec2 = aws_sdk_ec2::Client::new(&sdk);
     let nodes: Api<Node> = Api::all(client);
     let mut first_seen: BTreeMap<String, tokio::time::Instant> = BTreeMap::new();
     let mut joined: BTreeMap<String, String> = BTreeMap::new();
     while !stop.is_cancelled() {
-        if let Ok(all) = instances(&ec2, &uid).await {
+        if let Ok(all) = instances(&aws, &uid).await {
             for (id, (state, image, zone, dns, role)) in &all {
-                match state {
-                    InstanceStateName::Running if !joined.contains_key(id) => {
+                match state.as_str() {
+                    "running" if !joined.contains_key(id) => {
                         let seen = *first_seen
                             .entry(id.clone())
                             .or_insert_with(tokio::time::Instant::now);
@@ -256,7 +218,7 @@ pub async fn join(
                         }
                         joined.insert(id.clone(), node.name_any());
                     }
-                    InstanceStateName::Terminated | InstanceStateName::ShuttingDown => {
+                    "terminated" | "shutting-down" => {
                         if let Some(name) = joined.remove(id) {
                             let _ = nodes.delete(&name, &DeleteParams::default()).await;
                         }
@@ -293,31 +255,21 @@ fn node_for(run_id: &str, id: &str, image: &str, zone: &str, dns: &str, role: &s
 }
 
 /// The image of the launch template version the group's template defaults to.
-pub async fn default_image(sdk: &aws_config::SdkConfig, group: &str) -> String {
-    let asg = aws_sdk_autoscaling::Client::new(sdk)
-        .describe_auto_scaling_groups()
-        .auto_scaling_group_names(group)
-        .send()
+pub async fn default_image(aws: &QueryClient, group: &str) -> String {
+    let (groups, _) = api::describe_groups(aws, &[group], None, None)
         .await
         .expect("the group");
-    let template = asg
-        .auto_scaling_groups()
+    let template = groups
         .first()
-        .and_then(|g| g.launch_template.as_ref())
-        .and_then(|t| t.launch_template_id.clone())
+        .and_then(|g| g.template.as_ref())
+        .and_then(|t| t.id.clone())
         .expect("a launch template");
-    let versions = aws_sdk_ec2::Client::new(sdk)
-        .describe_launch_template_versions()
-        .launch_template_id(template)
-        .versions("$Default")
-        .send()
+    let versions = api::template_versions(aws, &template, "$Default")
         .await
         .expect("the default version");
     versions
-        .launch_template_versions()
         .first()
-        .and_then(|v| v.launch_template_data.as_ref())
-        .and_then(|d| d.image_id.clone())
+        .and_then(|v| v.data.image_id.clone())
         .unwrap_or_default()
 }
 
@@ -331,7 +283,7 @@ pub const GROUPS: [(&str, &str, &str, i32); 3] = [
 /// A cluster on moto: [`GROUPS`] as Auto Scaling groups tagged with the
 /// test's id as `constellation-uid`, and the joiner making their instances Nodes.
 pub struct AwsCluster {
-    pub sdk: aws_config::SdkConfig,
+    pub aws: Arc<QueryClient>,
     pub uid: String,
     /// (Auto Scaling group name, ScalingGroup role).
     pub groups: Vec<(String, &'static str)>,
@@ -342,20 +294,20 @@ pub struct AwsCluster {
 impl AwsCluster {
     /// Creates the groups on `image` and waits until each instance is a Ready Node.
     pub async fn start(env: &super::TestEnv, moto: &Moto, image: &str) -> AwsCluster {
-        let sdk = moto.sdk().await;
+        let aws = moto.client();
         let uid = env.id.clone();
         let mut groups = Vec::new();
         let mut total = 0;
         for (g, tag_role, role, size) in GROUPS {
             let name = format!("{}-{g}", env.id);
-            create_group(&sdk, &uid, &name, tag_role, size, image).await;
+            create_group(&aws, &uid, &name, tag_role, size, image).await;
             groups.push((name, role));
             total += size as usize;
         }
         let stop = CancellationToken::new();
         let joiner = tokio::spawn(join(
             env.client.clone(),
-            sdk.clone(),
+            aws.clone(),
             env.id.clone(),
             uid.clone(),
             Duration::from_secs(1),
@@ -378,7 +330,7 @@ impl AwsCluster {
         )
         .await;
         AwsCluster {
-            sdk,
+            aws,
             uid,
             groups,
             stop,
@@ -388,17 +340,16 @@ impl AwsCluster {
 
     /// Nothing leaked: moto's running instances are exactly the Nodes.
     pub async fn wait_instances_equal_nodes(&self, env: &super::TestEnv) {
-        let ec2 = aws_sdk_ec2::Client::new(&self.sdk);
         let nodes: Api<Node> = Api::all(env.client.clone());
         let selector = env.run_selector();
         super::wait_for(
             "moto's instances equal the Nodes",
             Duration::from_secs(30),
             || async {
-                let running: BTreeSet<String> = match instances(&ec2, &self.uid).await {
+                let running: BTreeSet<String> = match instances(&self.aws, &self.uid).await {
                     Ok(all) => all
                         .iter()
-                        .filter(|(_, v)| v.0 == InstanceStateName::Running)
+                        .filter(|(_, v)| v.0 == "running")
                         .map(|(id, v)| format!("aws:///{}/{id}", v.2))
                         .collect(),
                     Err(e) => return super::Probe::NotYet(e),
@@ -425,7 +376,7 @@ impl AwsCluster {
     pub async fn assert_templates_default_to(&self, image: &str) {
         for (name, _) in &self.groups {
             assert_eq!(
-                default_image(&self.sdk, name).await,
+                default_image(&self.aws, name).await,
                 image,
                 "{name}'s launch template"
             );

@@ -1,12 +1,10 @@
-//! The SDK's errors as [`CloudError`]s: throttling, server and transport
+//! AWS's error answers as [`CloudError`]s: throttling, server and transport
 //! failures stay retryable, "not found" stays distinct, credentials and
 //! region problems are configuration.
 
-use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
-
 use super::super::CloudError;
 
-/// How long one call may take by default (the SDK's operation timeout):
+/// How long one call may take by default:
 /// AWS answers these APIs within a second or two, and a call that hangs
 /// must fail soon enough for the work queue's retry to be the one in charge.
 pub const DEFAULT_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -31,39 +29,6 @@ const CONFIG: [&str; 6] = [
     "ExpiredToken",
     "MissingAuthenticationToken",
 ];
-
-/// Maps one SDK error about `what` (a timeout is one of `timeout`).
-pub fn sdk_error<E: ProvideErrorMetadata + std::fmt::Debug>(
-    e: SdkError<E>,
-    what: &str,
-    timeout: std::time::Duration,
-) -> CloudError {
-    match e {
-        SdkError::ServiceError(ctx) => {
-            let status = ctx.raw().status().as_u16();
-            let err = ctx.err();
-            classify(
-                status,
-                err.code().unwrap_or_default(),
-                err.message().unwrap_or_default(),
-                what,
-            )
-        }
-        SdkError::TimeoutError(_) => CloudError::Timeout { after: timeout },
-        SdkError::DispatchFailure(d) if d.is_timeout() => CloudError::Timeout { after: timeout },
-        SdkError::DispatchFailure(d) => CloudError::Transport(format!("{what}: {d:?}")),
-        SdkError::ResponseError(r) => {
-            let status = r.raw().status().as_u16();
-            let message = format!("{what}: an answer that is not AWS's ({status})");
-            match status {
-                500.. => CloudError::Server { status, message },
-                _ => CloudError::InvalidResponse(message),
-            }
-        }
-        SdkError::ConstructionFailure(c) => CloudError::Config(format!("{what}: {c:?}")),
-        other => CloudError::InvalidResponse(format!("{what}: {other:?}")),
-    }
-}
 
 /// An AWS error answer by its HTTP status and code.
 pub fn classify(status: u16, code: &str, message: &str, what: &str) -> CloudError {

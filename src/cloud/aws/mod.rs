@@ -1,5 +1,6 @@
-//! The `aws` provider: Auto Scaling groups and EC2, on the official SDK
-//! (rustls with ring, no C crypto), mapped the way Constellation maps them.
+//! The `aws` provider: Auto Scaling groups and EC2 through their Query APIs
+//! (SigV4-signed, rustls with ring, no C crypto), mapped the way
+//! Constellation maps them.
 //!
 //! - A ScalingGroup's groupId is the Auto Scaling group's name; the cluster's
 //!   groups carry the tag `constellation-uid`, their role
@@ -11,25 +12,30 @@
 //!   terminate in the group with decrement.
 //! - Provider IDs are `aws:///<zone>/<instance-id>`.
 //!
-//! Calls do not retry inside (the SDK's retries are off): the work queue's
-//! backoff is in charge and every retry shows in its metrics.
+//! Calls do not retry inside: the work queue's backoff is in charge and
+//! every retry shows in its metrics.
 
+pub mod api;
+pub mod credentials;
 mod doubt;
 mod errors;
+pub mod form;
+mod http;
+pub mod query;
+mod sigv4;
+pub mod xml;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_autoscaling::types::{AutoScalingGroup, Filter as AsgFilter, Tag as AsgTag};
-use aws_sdk_ec2::types::{Filter, InstanceStateName, RequestLaunchTemplateData, Tag};
-
 use super::{
     CloudError, CloudFuture, CloudProvider, CreateNodeRequest, CreatedNode, GroupRole, InstanceState,
     ScalingGroup,
 };
+use api::{Group, Instance};
 use doubt::{Change, InDoubt, Seen, Verdict};
-use errors::sdk_error;
+use query::QueryClient;
 
 /// The cluster tag on the cluster's Auto Scaling groups (Constellation's).
 pub const CLUSTER_TAG: &str = "constellation-uid";
@@ -49,13 +55,14 @@ pub const REQUEST_TAG: &str = "nodewarden.dev/request-id";
 pub struct AwsConfig {
     /// The cluster's `constellation-uid`: only its groups are listed.
     pub cluster_uid: String,
-    /// Another endpoint for every service (moto, LocalStack); else the
-    /// SDK's (`AWS_ENDPOINT_URL` is honoured by the SDK too).
+    /// Another endpoint for every service (moto, LocalStack); else
+    /// `AWS_ENDPOINT_URL_<SERVICE>`, `AWS_ENDPOINT_URL`, or AWS's own.
     pub endpoint: Option<String>,
-    /// The region; else the SDK's chain (`AWS_REGION`, profile, IMDS).
+    /// The region; else `AWS_REGION` or `AWS_DEFAULT_REGION`.
     pub region: Option<String>,
     /// Fixed credentials (access key id, secret) for an emulator; else the
-    /// SDK's chain (env, web identity / IRSA, profile, instance profile).
+    /// chain of [`credentials`] (env, web identity / IRSA, container,
+    /// profile, instance profile).
     pub static_credentials: Option<(String, String)>,
     /// How long one call may take; None: [`errors::DEFAULT_CALL_TIMEOUT`].
     pub call_timeout: Option<Duration>,
@@ -63,8 +70,7 @@ pub struct AwsConfig {
 
 /// Auto Scaling groups and EC2 instances of one cluster.
 pub struct AwsProvider {
-    asg: aws_sdk_autoscaling::Client,
-    ec2: aws_sdk_ec2::Client,
+    client: QueryClient,
     cluster_uid: String,
     /// Creates in one group run one at a time: "desired + 1" read and
     /// written by two at once would start one instance for two requests.
@@ -79,101 +85,51 @@ pub struct AwsProvider {
     capacity: tokio::sync::Mutex<Vec<InDoubt>>,
     /// How long a create waits for its instance to show in the group.
     appear_timeout: Duration,
-    /// The SDK's operation timeout (reported in timeout errors).
-    call_timeout: Duration,
 }
 
 impl AwsProvider {
-    /// A provider from the SDK's standard chains (credentials: env, web
-    /// identity / IRSA, profile, instance profile; region likewise).
+    /// A provider of the cluster's groups in the configured region, with
+    /// credentials from the chain of [`credentials`].
     pub async fn new(config: AwsConfig) -> Result<AwsProvider, CloudError> {
-        use aws_smithy_http_client::tls;
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-            .build_https();
-        let call_timeout = config.call_timeout.unwrap_or(errors::DEFAULT_CALL_TIMEOUT);
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .http_client(http)
-            .retry_config(aws_config::retry::RetryConfig::disabled())
-            .timeout_config(
-                aws_config::timeout::TimeoutConfig::builder()
-                    .operation_timeout(call_timeout)
-                    .connect_timeout(Duration::from_secs(5))
-                    .build(),
-            );
-        if let Some(endpoint) = &config.endpoint {
-            loader = loader.endpoint_url(endpoint);
-        }
-        if let Some((id, secret)) = &config.static_credentials {
-            let credentials =
-                aws_sdk_ec2::config::Credentials::new(id, secret, None, None, "nodewarden-static");
-            loader = loader.credentials_provider(credentials);
-        }
-        if let Some(region) = &config.region {
-            loader = loader.region(aws_config::Region::new(region.clone()));
-        }
-        let sdk = loader.load().await;
-        if sdk.region().is_none() {
-            return Err(CloudError::Config(
-                "no AWS region: set AWS_REGION or --aws-region".into(),
-            ));
-        }
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let region = config
+            .region
+            .clone()
+            .or_else(|| env("AWS_REGION"))
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .ok_or_else(|| CloudError::Config("no AWS region: set AWS_REGION or --aws-region".into()))?;
         if config.cluster_uid.is_empty() {
             return Err(CloudError::Config("no cluster uid (--aws-cluster-uid)".into()));
         }
+        let client = QueryClient::new(query::Settings {
+            region,
+            endpoint: config.endpoint,
+            static_credentials: config.static_credentials,
+            call_timeout: config.call_timeout.unwrap_or(errors::DEFAULT_CALL_TIMEOUT),
+        })?;
         Ok(AwsProvider {
-            asg: aws_sdk_autoscaling::Client::new(&sdk),
-            ec2: aws_sdk_ec2::Client::new(&sdk),
+            client,
             cluster_uid: config.cluster_uid,
             create_locks: std::sync::Mutex::default(),
             capacity: tokio::sync::Mutex::default(),
             appear_timeout: Duration::from_secs(60),
-            call_timeout,
         })
     }
 
-    /// One failed SDK call about `what`, as a [`CloudError`].
-    fn failed<E>(&self, e: aws_sdk_ec2::error::SdkError<E>, what: &str) -> CloudError
-    where
-        E: aws_sdk_ec2::error::ProvideErrorMetadata + std::fmt::Debug,
-    {
-        sdk_error(e, what, self.call_timeout)
-    }
-
-    async fn group(&self, name: &str) -> Result<AutoScalingGroup, CloudError> {
-        let out = self
-            .asg
-            .describe_auto_scaling_groups()
-            .auto_scaling_group_names(name)
-            .send()
-            .await
-            .map_err(|e| self.failed(e, &format!("Auto Scaling group {name}")))?;
-        first(out.auto_scaling_groups, || format!("Auto Scaling group {name}"))
+    async fn group(&self, name: &str) -> Result<Group, CloudError> {
+        let (groups, _) = api::describe_groups(&self.client, &[name], None, None).await?;
+        first(groups, || format!("Auto Scaling group {name}"))
     }
 
     /// The group's launch template: (id, version as the group names it).
-    fn template_of(group: &AutoScalingGroup) -> Result<(String, String), CloudError> {
-        let spec = group
-            .launch_template
-            .as_ref()
-            .or_else(|| {
-                group
-                    .mixed_instances_policy
-                    .as_ref()
-                    .and_then(|m| m.launch_template.as_ref())
-                    .and_then(|t| t.launch_template_specification.as_ref())
-            })
-            .ok_or_else(|| {
-                CloudError::InvalidResponse(format!(
-                    "Auto Scaling group {} has no launch template",
-                    group.auto_scaling_group_name.as_deref().unwrap_or("?")
-                ))
-            })?;
-        let id = spec
-            .launch_template_id
-            .clone()
-            .or_else(|| spec.launch_template_name.clone())
-            .unwrap_or_default();
+    fn template_of(group: &Group) -> Result<(String, String), CloudError> {
+        let spec = group.template.as_ref().ok_or_else(|| {
+            CloudError::InvalidResponse(format!(
+                "Auto Scaling group {} has no launch template",
+                group.name
+            ))
+        })?;
+        let id = spec.id.clone().or_else(|| spec.name.clone()).unwrap_or_default();
         Ok((id, spec.version.clone().unwrap_or_else(|| "$Default".into())))
     }
 
@@ -181,31 +137,16 @@ impl AwsProvider {
         &self,
         template: &str,
         version: &str,
-    ) -> Result<aws_sdk_ec2::types::LaunchTemplateVersion, CloudError> {
-        let request = self.ec2.describe_launch_template_versions().versions(version);
-        let request = if template.starts_with("lt-") {
-            request.launch_template_id(template)
-        } else {
-            request.launch_template_name(template)
-        };
-        let out = request
-            .send()
-            .await
-            .map_err(|e| self.failed(e, &format!("launch template {template}")))?;
-        first(out.launch_template_versions, || {
+    ) -> Result<api::TemplateVersion, CloudError> {
+        let versions = api::template_versions(&self.client, template, version).await?;
+        first(versions, || {
             format!("launch template {template} version {version}")
         })
     }
 
-    async fn instance(&self, id: &str) -> Result<aws_sdk_ec2::types::Instance, CloudError> {
-        let out = self
-            .ec2
-            .describe_instances()
-            .instance_ids(id)
-            .send()
-            .await
-            .map_err(|e| self.failed(e, &format!("instance {id}")))?;
-        first(Some(instances_of(out)), || format!("instance {id}"))
+    async fn instance(&self, id: &str) -> Result<Instance, CloudError> {
+        let found = api::describe_instances(&self.client, &[id], None).await?;
+        first(found, || format!("instance {id}"))
     }
 
     fn create_lock(&self, group: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -230,17 +171,9 @@ impl AwsProvider {
             }
             self.set_launch_key(&request.group_id, Some(request_id)).await?;
         }
-        let desired = group.desired_capacity.unwrap_or(0);
+        let desired = group.desired_capacity;
         let sent = tokio::time::Instant::now();
-        let set = self
-            .asg
-            .set_desired_capacity()
-            .auto_scaling_group_name(&request.group_id)
-            .desired_capacity(desired + 1)
-            .honor_cooldown(false)
-            .send()
-            .await
-            .map_err(|e| self.failed(e, &format!("Auto Scaling group {}", request.group_id)));
+        let set = api::set_desired_capacity(&self.client, &request.group_id, desired + 1).await;
         if let Err(e) = set {
             let change = Change::Desired {
                 group: request.group_id.clone(),
@@ -262,9 +195,7 @@ impl AwsProvider {
     async fn settle(&self, doubts: &mut Vec<InDoubt>) -> Result<(), CloudError> {
         while let Some(doubt) = doubts.first() {
             let seen = match &doubt.change {
-                Change::Desired { group, .. } => {
-                    Seen::Desired(self.group(group).await?.desired_capacity.unwrap_or(0))
-                }
+                Change::Desired { group, .. } => Seen::Desired(self.group(group).await?.desired_capacity),
                 Change::Terminate { instance } => Seen::InService(self.in_service(instance).await?),
             };
             match doubt::judge(doubt, seen, tokio::time::Instant::now()) {
@@ -286,24 +217,14 @@ impl AwsProvider {
     }
 
     /// The instance's membership of Auto Scaling groups (none or one).
-    async fn memberships(
-        &self,
-        id: &str,
-    ) -> Result<Vec<aws_sdk_autoscaling::types::AutoScalingInstanceDetails>, CloudError> {
-        let out = self
-            .asg
-            .describe_auto_scaling_instances()
-            .instance_ids(id)
-            .send()
-            .await
-            .map_err(|e| self.failed(e, &format!("instance {id}")))?;
-        Ok(out.auto_scaling_instances.unwrap_or_default())
+    async fn memberships(&self, id: &str) -> Result<Vec<api::GroupInstance>, CloudError> {
+        api::describe_group_instances(&self.client, &[id]).await
     }
 
     /// Whether the instance is in a group and not leaving it.
     async fn in_service(&self, id: &str) -> Result<bool, CloudError> {
         Ok(self.memberships(id).await?.iter().any(|i| {
-            let state = i.lifecycle_state().unwrap_or_default();
+            let state = &i.lifecycle_state;
             !(state.starts_with("Terminat") || state.starts_with("Detach"))
         }))
     }
@@ -316,13 +237,7 @@ impl AwsProvider {
         id: &str,
         request_id: &str,
     ) -> Result<CreatedNode, CloudError> {
-        self.ec2
-            .create_tags()
-            .resources(id)
-            .tags(Tag::builder().key(REQUEST_TAG).value(request_id).build())
-            .send()
-            .await
-            .map_err(|e| self.failed(e, &format!("instance {id}")))?;
+        api::tag_resource(&self.client, id, REQUEST_TAG, request_id).await?;
         self.set_launch_key(group, None).await?;
         self.created(id).await
     }
@@ -330,32 +245,7 @@ impl AwsProvider {
     /// Puts (Some) or takes off (None) the group's request tag: the
     /// instances it starts meanwhile carry the request's key from launch.
     async fn set_launch_key(&self, group: &str, key: Option<&str>) -> Result<(), CloudError> {
-        let tag = AsgTag::builder()
-            .resource_id(group)
-            .resource_type("auto-scaling-group")
-            .key(REQUEST_TAG)
-            .value(key.unwrap_or_default())
-            .propagate_at_launch(true)
-            .build();
-        let what = format!("tags of Auto Scaling group {group}");
-        match key {
-            Some(_) => self
-                .asg
-                .create_or_update_tags()
-                .tags(tag)
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| self.failed(e, &what)),
-            None => self
-                .asg
-                .delete_tags()
-                .tags(tag)
-                .send()
-                .await
-                .map(|_| ())
-                .map_err(|e| self.failed(e, &what)),
-        }
+        api::set_group_tag(&self.client, group, REQUEST_TAG, key).await
     }
 
     async fn tagged_instance(
@@ -366,20 +256,9 @@ impl AwsProvider {
         if members.is_empty() {
             return Ok(None);
         }
-        let out = self
-            .ec2
-            .describe_instances()
-            .set_instance_ids(Some(members.iter().cloned().collect()))
-            .filters(
-                Filter::builder()
-                    .name(format!("tag:{REQUEST_TAG}"))
-                    .values(request_id)
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| self.failed(e, "the group's instances"))?;
-        Ok(instances_of(out).into_iter().find_map(|i| i.instance_id))
+        let ids: Vec<&str> = members.iter().map(String::as_str).collect();
+        let tagged = api::describe_instances(&self.client, &ids, Some((REQUEST_TAG, request_id))).await?;
+        Ok(tagged.into_iter().map(|i| i.id).find(|id| !id.is_empty()))
     }
 
     async fn wait_new_instance(&self, group: &str, before: &BTreeSet<String>) -> Result<String, CloudError> {
@@ -400,11 +279,7 @@ impl AwsProvider {
 
     async fn created(&self, id: &str) -> Result<CreatedNode, CloudError> {
         let instance = self.instance(id).await?;
-        let zone = instance
-            .placement
-            .as_ref()
-            .and_then(|p| p.availability_zone.clone())
-            .unwrap_or_default();
+        let zone = instance.zone.clone().unwrap_or_default();
         Ok(CreatedNode {
             node_name: node_name(&instance),
             provider_id: format!("aws:///{zone}/{id}"),
@@ -416,8 +291,8 @@ impl AwsProvider {
         let group = self.group(name).await?;
         let (template, version) = Self::template_of(&group)?;
         let v = self.template_version(&template, &version).await?;
-        v.launch_template_data
-            .and_then(|d| d.image_id)
+        v.data
+            .image_id
             .ok_or_else(|| CloudError::InvalidResponse(format!("launch template {template} has no ImageId")))
     }
 
@@ -425,67 +300,28 @@ impl AwsProvider {
         let group = self.group(name).await?;
         let (template, version) = Self::template_of(&group)?;
         let current = self.template_version(&template, &version).await?;
-        let data = current
-            .launch_template_data
-            .clone()
-            .unwrap_or_else(|| aws_sdk_ec2::types::ResponseLaunchTemplateData::builder().build());
-        if data.image_id.as_deref() == Some(image) {
+        if current.data.image_id.as_deref() == Some(image) {
             return Ok(());
         }
-        let request = self
-            .ec2
-            .create_launch_template_version()
-            .source_version(current.version_number.unwrap_or(1).to_string())
-            .launch_template_data(request_data(&data, image))
-            .version_description(format!("nodewarden: image {image}"));
-        let request = if template.starts_with("lt-") {
-            request.launch_template_id(&template)
-        } else {
-            request.launch_template_name(&template)
+        let data = api::TemplateData {
+            image_id: Some(image.to_string()),
+            ..current.data.clone()
         };
-        let created = request
-            .send()
-            .await
-            .map_err(|e| self.failed(e, &format!("launch template {template}")))?;
-        let number = created
-            .launch_template_version
-            .and_then(|v| v.version_number)
-            .ok_or_else(|| CloudError::InvalidResponse("a new template version without a number".into()))?;
-        let modify = self
-            .ec2
-            .modify_launch_template()
-            .default_version(number.to_string());
-        let modify = if template.starts_with("lt-") {
-            modify.launch_template_id(&template)
-        } else {
-            modify.launch_template_name(&template)
-        };
-        modify
-            .send()
-            .await
-            .map_err(|e| self.failed(e, &format!("launch template {template}")))?;
-        Ok(())
+        let description = format!("nodewarden: image {image}");
+        let source = current.number.unwrap_or(1);
+        let number =
+            api::create_template_version(&self.client, &template, source, &data, &description).await?;
+        api::set_default_version(&self.client, &template, number).await
     }
 
     async fn groups(&self) -> Result<Vec<ScalingGroup>, CloudError> {
         let mut out = Vec::new();
         let mut next: Option<String> = None;
         loop {
-            let page = self
-                .asg
-                .describe_auto_scaling_groups()
-                .filters(
-                    AsgFilter::builder()
-                        .name(format!("tag:{CLUSTER_TAG}"))
-                        .values(&self.cluster_uid)
-                        .build(),
-                )
-                .set_next_token(next.clone())
-                .send()
-                .await
-                .map_err(|e| self.failed(e, "Auto Scaling groups"))?;
-            for g in page.auto_scaling_groups.unwrap_or_default() {
-                let name = g.auto_scaling_group_name.clone().unwrap_or_default();
+            let tag = Some((CLUSTER_TAG, self.cluster_uid.as_str()));
+            let (page, token) = api::describe_groups(&self.client, &[], tag, next.as_deref()).await?;
+            for g in page {
+                let name = g.name.clone();
                 let role = match group_tag(&g, ROLE_TAG).as_deref() {
                     Some("control-plane" | "controlplane" | "ControlPlane") => GroupRole::ControlPlane,
                     _ => GroupRole::Worker,
@@ -498,7 +334,7 @@ impl AwsProvider {
                     image: self.group_image_of(&name).await?,
                 });
             }
-            next = page.next_token;
+            next = token;
             if next.is_none() {
                 return Ok(out);
             }
@@ -507,23 +343,11 @@ impl AwsProvider {
 }
 
 /// The first item of a list answer, or NotFound naming `what`.
-fn first<T>(items: Option<Vec<T>>, what: impl FnOnce() -> String) -> Result<T, CloudError> {
+fn first<T>(items: Vec<T>, what: impl FnOnce() -> String) -> Result<T, CloudError> {
     items
-        .unwrap_or_default()
         .into_iter()
         .next()
         .ok_or_else(|| CloudError::NotFound { what: what() })
-}
-
-/// The instances of a DescribeInstances answer.
-fn instances_of(
-    out: aws_sdk_ec2::operation::describe_instances::DescribeInstancesOutput,
-) -> Vec<aws_sdk_ec2::types::Instance> {
-    out.reservations
-        .unwrap_or_default()
-        .into_iter()
-        .flat_map(|r| r.instances.unwrap_or_default())
-        .collect()
 }
 
 /// `aws:///<zone>/<instance-id>` → the instance id.
@@ -545,69 +369,39 @@ pub fn instance_id(provider_id: &str) -> Result<&str, CloudError> {
 
 /// What EC2 says of an instance, as a PendingNode's state. Not found is
 /// the caller's to judge (see the trait).
-pub fn state_of(name: Option<&InstanceStateName>) -> InstanceState {
+pub fn state_of(name: Option<&str>) -> InstanceState {
     match name {
-        Some(InstanceStateName::Pending) => InstanceState::Creating,
-        Some(InstanceStateName::Running) => InstanceState::Ready,
-        Some(InstanceStateName::ShuttingDown) => InstanceState::Terminating,
-        Some(InstanceStateName::Stopping | InstanceStateName::Stopped) => InstanceState::Stopped,
-        Some(InstanceStateName::Terminated) => InstanceState::Terminated,
+        Some("pending") => InstanceState::Creating,
+        Some("running") => InstanceState::Ready,
+        Some("shutting-down") => InstanceState::Terminating,
+        Some("stopping" | "stopped") => InstanceState::Stopped,
+        Some("terminated") => InstanceState::Terminated,
         _ => InstanceState::Unknown,
     }
 }
 
 /// The group's instances not on their way out.
-fn instance_ids(group: &AutoScalingGroup) -> BTreeSet<String> {
+fn instance_ids(group: &Group) -> BTreeSet<String> {
     group
-        .instances()
+        .instances
         .iter()
-        .filter(|i| {
-            !i.lifecycle_state()
-                .is_some_and(|s| s.as_str().starts_with("Terminat"))
-        })
-        .filter_map(|i| i.instance_id.clone())
+        .filter(|i| !i.lifecycle_state.starts_with("Terminat") && !i.id.is_empty())
+        .map(|i| i.id.clone())
         .collect()
 }
 
-fn group_tag(group: &AutoScalingGroup, key: &str) -> Option<String> {
-    group
-        .tags()
-        .iter()
-        .find(|t| t.key() == Some(key))
-        .and_then(|t| t.value.clone())
+fn group_tag(group: &Group, key: &str) -> Option<String> {
+    group.tags.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
 }
 
 /// The name the instance's Node gets: its private DNS name (what the AWS
 /// cloud provider names nodes), else its id.
-fn node_name(instance: &aws_sdk_ec2::types::Instance) -> String {
+fn node_name(instance: &Instance) -> String {
     instance
         .private_dns_name
         .clone()
         .filter(|n| !n.is_empty())
-        .or_else(|| instance.instance_id.clone())
-        .unwrap_or_default()
-}
-
-/// A new template version's data: the current settings with a new image.
-/// SourceVersion carries the rest on AWS; the settings an instance needs
-/// are sent in full too, for endpoints that ignore SourceVersion.
-fn request_data(
-    data: &aws_sdk_ec2::types::ResponseLaunchTemplateData,
-    image: &str,
-) -> RequestLaunchTemplateData {
-    RequestLaunchTemplateData::builder()
-        .image_id(image)
-        .set_instance_type(data.instance_type.clone())
-        .set_key_name(data.key_name.clone())
-        .set_user_data(data.user_data.clone())
-        .set_security_group_ids(data.security_group_ids.clone())
-        .set_iam_instance_profile(data.iam_instance_profile.as_ref().map(|p| {
-            aws_sdk_ec2::types::LaunchTemplateIamInstanceProfileSpecificationRequest::builder()
-                .set_arn(p.arn.clone())
-                .set_name(p.name.clone())
-                .build()
-        }))
-        .build()
+        .unwrap_or_else(|| instance.id.clone())
 }
 
 impl CloudProvider for AwsProvider {
@@ -625,14 +419,7 @@ impl CloudProvider for AwsProvider {
             let mut capacity = self.capacity.lock().await;
             self.settle(&mut capacity).await?;
             let sent = tokio::time::Instant::now();
-            let result = self
-                .asg
-                .terminate_instance_in_auto_scaling_group()
-                .instance_id(id)
-                .should_decrement_desired_capacity(true)
-                .send()
-                .await;
-            match result.map_err(|e| self.failed(e, &format!("instance {id}"))) {
+            match api::terminate_in_group(&self.client, id).await {
                 Ok(_) => Ok(()),
                 // Already gone (or never in a group): nothing left to delete.
                 Err(CloudError::NotFound { .. }) => Ok(()),
@@ -651,17 +438,8 @@ impl CloudProvider for AwsProvider {
     fn node_state<'a>(&'a self, provider_id: &'a str) -> CloudFuture<'a, InstanceState> {
         Box::pin(async move {
             let id = instance_id(provider_id)?;
-            let out = self
-                .ec2
-                .describe_instance_status()
-                .instance_ids(id)
-                .include_all_instances(true)
-                .send()
-                .await
-                .map_err(|e| self.failed(e, &format!("instance {id}")))?;
-            let status = out.instance_statuses.unwrap_or_default().into_iter().next();
-            match status {
-                Some(s) => Ok(state_of(s.instance_state.and_then(|s| s.name).as_ref())),
+            match api::instance_state(&self.client, id).await? {
+                Some(name) => Ok(state_of(Some(&name))),
                 None => Err(CloudError::NotFound {
                     what: format!("instance {id}"),
                 }),
@@ -685,7 +463,8 @@ impl CloudProvider for AwsProvider {
             self.memberships(id)
                 .await?
                 .into_iter()
-                .find_map(|i| i.auto_scaling_group_name)
+                .map(|i| i.group)
+                .find(|g| !g.is_empty())
                 .ok_or_else(|| CloudError::NotFound {
                     what: format!("the Auto Scaling group of instance {id}"),
                 })
@@ -719,14 +498,16 @@ mod tests {
     #[test]
     fn instance_states_stay_distinct() {
         for (name, state) in [
-            (InstanceStateName::Pending, InstanceState::Creating),
-            (InstanceStateName::Running, InstanceState::Ready),
-            (InstanceStateName::ShuttingDown, InstanceState::Terminating),
-            (InstanceStateName::Stopped, InstanceState::Stopped),
-            (InstanceStateName::Terminated, InstanceState::Terminated),
+            ("pending", InstanceState::Creating),
+            ("running", InstanceState::Ready),
+            ("shutting-down", InstanceState::Terminating),
+            ("stopping", InstanceState::Stopped),
+            ("stopped", InstanceState::Stopped),
+            ("terminated", InstanceState::Terminated),
         ] {
-            assert_eq!(state_of(Some(&name)), state, "{name:?}");
+            assert_eq!(state_of(Some(name)), state, "{name}");
         }
+        assert_eq!(state_of(Some("rebooting")), InstanceState::Unknown);
         assert_eq!(state_of(None), InstanceState::Unknown);
     }
 }
