@@ -483,8 +483,36 @@ async fn a_node_the_admin_cordoned_stays_cordoned_after_maintenance() {
     env.cleanup().await;
 }
 
-/// Creates one NodeMaintenance per node, lifts each node's blocking budget
-/// after `hold`, and returns how long until all succeeded.
+/// Waits until every maintenance of `names` is draining and blocked by its
+/// budget. A blocked drain stays blocked until its budget is lifted, so all
+/// of them seen blocked were blocked at once: drains run one at a time (as
+/// NMO runs them) never are, however slow or loaded the machine.
+async fn wait_all_blocked(env: &TestEnv, names: &[String]) {
+    let api: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
+    let what = format!("{} maintenances blocked by their budgets at once", names.len());
+    wait_for(&what, TIMEOUT, || async {
+        let mut blocked = 0;
+        for name in names {
+            let status = match api.get(name).await {
+                Ok(nm) => nm.status.unwrap_or_default(),
+                Err(e) => return Probe::NotYet(seen(e)),
+            };
+            let draining = status.phase == Some(MaintenancePhase::Running);
+            if draining && status.blocked_by.as_ref().is_some_and(|b| !b.is_empty()) {
+                blocked += 1;
+            }
+        }
+        match blocked == names.len() {
+            true => Probe::Done(()),
+            false => Probe::NotYet(format!("{blocked} of {} blocked", names.len())),
+        }
+    })
+    .await;
+}
+
+/// Creates one NodeMaintenance per node, waits until all are blocked by
+/// their budgets at once, lifts each budget after `hold`, and returns how
+/// long until all succeeded.
 async fn maintain_all(env: &TestEnv, nodes: &[(usize, String)], hold: Duration) -> Duration {
     let start = Instant::now();
     let names: Vec<String> = futures::future::join_all(nodes.iter().map(|(i, n)| async move {
@@ -493,6 +521,7 @@ async fn maintain_all(env: &TestEnv, nodes: &[(usize, String)], hold: Duration) 
         nm.name_any()
     }))
     .await;
+    wait_all_blocked(env, &names).await;
     tokio::time::sleep(hold).await;
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.namespace);
     for (i, _) in nodes {
@@ -508,7 +537,7 @@ async fn maintain_all(env: &TestEnv, nodes: &[(usize, String)], hold: Duration) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_maintenances_at_once_take_about_as_long_as_one() {
+async fn twenty_maintenances_drain_side_by_side() {
     let env = TestEnv::new("nm-twenty").await;
     let op = env.start_operator(MaintenanceConfig::default()).await;
     // 21 busy nodes, each running 3 pods held by a budget that allows no
@@ -543,8 +572,8 @@ async fn twenty_maintenances_at_once_take_about_as_long_as_one() {
     println!(
         "NodeMaintenance: 1 node drained in {one:?}; 20 nodes at once in {twenty:?} (each blocked {hold:?})"
     );
-    // One after the other (as NMO does) would take about 20 times as long.
-    assert!(twenty < one * 3, "20 drains took {twenty:?}, one took {one:?}");
+    // Side by side is asserted by maintain_all (all 20 blocked at once); the
+    // times are a figure, not a bound: a loaded machine stretches both.
     op.stop().await;
     env.cleanup().await;
 }
