@@ -180,7 +180,9 @@ go_build_tool() {
   local bin_dir=$1 name=$2 pkg=$3 ldflags=${4:--s -w} start out
   log "building $name from $pkg ..."
   start=$(date +%s)
-  if ! out=$(GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 \
+  # GOGC: a compiler that collects garbage less often runs about a quarter
+  # faster (e2e/controlplane/build.sh has the figures).
+  if ! out=$(GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 GOGC="${GOGC:-400}" \
     go build -trimpath -ldflags "$ldflags" -o "$bin_dir/.$name.tmp" "$pkg" 2>&1); then
     rm -f "$bin_dir/.$name.tmp"
     log "$out"

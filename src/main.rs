@@ -447,7 +447,7 @@ fn aws_config(args: &RunArgs) -> anyhow::Result<nodewarden::cloud::aws::AwsConfi
     Ok(nodewarden::cloud::aws::AwsConfig {
         cluster_uid,
         endpoint: args.aws_endpoint.clone(),
-        region: Some(region),
+        region,
         static_credentials: None,
         call_timeout: Some(seconds(args.aws_call_timeout, "aws-call-timeout")?),
     })

@@ -35,6 +35,9 @@ mkdir -p "$bin_dir"
 export GOTOOLCHAIN=local
 export GOFLAGS="-mod=readonly -buildvcs=false"
 export CGO_ENABLED=0
+# Garbage collected less often, the compiler runs about a quarter faster
+# (e2e/controlplane/build.sh has the figures).
+export GOGC=${GOGC:-400}
 
 go_minor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
 if [ "${go_minor:-0}" -lt 26 ]; then

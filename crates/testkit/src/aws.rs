@@ -87,7 +87,7 @@ impl Moto {
         nodewarden::cloud::aws::AwsConfig {
             cluster_uid: cluster_uid.to_string(),
             endpoint: Some(self.endpoint.clone()),
-            region: Some(REGION.into()),
+            region: REGION.into(),
             static_credentials: Some((KEY.0.into(), KEY.1.into())),
             call_timeout: None,
         }

@@ -133,10 +133,8 @@ pub async fn describe_groups(
     let xml = client
         .call(Service::AutoScaling, params.maybe("NextToken", next), &what)
         .await?;
-    let result = xml
-        .child("DescribeAutoScalingGroupsResult")
-        .cloned()
-        .unwrap_or_default();
+    let none = Xml::default();
+    let result = xml.child("DescribeAutoScalingGroupsResult").unwrap_or(&none);
     let groups = result.items(&["AutoScalingGroups"]).map(group).collect();
     Ok((groups, result.text_at(&["NextToken"]).filter(|t| !t.is_empty())))
 }
@@ -354,7 +352,8 @@ pub async fn template_versions(
 
 /// One version of a DescribeLaunchTemplateVersions answer.
 pub fn template_version(xml: &Xml) -> TemplateVersion {
-    let data = xml.child("launchTemplateData").cloned().unwrap_or_default();
+    let none = Xml::default();
+    let data = xml.child("launchTemplateData").unwrap_or(&none);
     TemplateVersion {
         number: xml.text_at(&["versionNumber"]).and_then(|n| n.parse().ok()),
         data: TemplateData {

@@ -58,8 +58,9 @@ pub struct AwsConfig {
     /// Another endpoint for every service (moto, LocalStack); else
     /// `AWS_ENDPOINT_URL_<SERVICE>`, `AWS_ENDPOINT_URL`, or AWS's own.
     pub endpoint: Option<String>,
-    /// The region; else `AWS_REGION` or `AWS_DEFAULT_REGION`.
-    pub region: Option<String>,
+    /// The region of the cluster's groups (the binary's edge resolves it
+    /// from `--aws-region`, `AWS_REGION` or `AWS_DEFAULT_REGION`).
+    pub region: String,
     /// Fixed credentials (access key id, secret) for an emulator; else the
     /// chain of [`credentials`] (env, web identity / IRSA, container,
     /// profile, instance profile).
@@ -91,18 +92,14 @@ impl AwsProvider {
     /// A provider of the cluster's groups in the configured region, with
     /// credentials from the chain of [`credentials`].
     pub async fn new(config: AwsConfig) -> Result<AwsProvider, CloudError> {
-        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let region = config
-            .region
-            .clone()
-            .or_else(|| env("AWS_REGION"))
-            .or_else(|| env("AWS_DEFAULT_REGION"))
-            .ok_or_else(|| CloudError::Config("no AWS region: set AWS_REGION or --aws-region".into()))?;
+        if config.region.trim().is_empty() {
+            return Err(CloudError::Config("no AWS region (--aws-region)".into()));
+        }
         if config.cluster_uid.is_empty() {
             return Err(CloudError::Config("no cluster uid (--aws-cluster-uid)".into()));
         }
         let client = QueryClient::new(query::Settings {
-            region,
+            region: config.region,
             endpoint: config.endpoint,
             static_credentials: config.static_credentials,
             call_timeout: config.call_timeout.unwrap_or(errors::DEFAULT_CALL_TIMEOUT),

@@ -108,11 +108,6 @@ impl QueryClient {
         })
     }
 
-    /// How long one call may take.
-    pub fn call_timeout(&self) -> Duration {
-        self.call_timeout
-    }
-
     /// One call; `what` names its object in errors ("instance i-0abc").
     pub async fn call(&self, service: Service, params: Params, what: &str) -> Result<Xml, CloudError> {
         let endpoint = match service {
