@@ -148,6 +148,10 @@ async fn standbys_fill_an_emptied_ca_bundle_without_a_leader() {
     let env = TestEnv::new("admission-standby").await;
     let lease_name = format!("nodewarden-{}", env.id);
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), SYSTEM_NAMESPACE);
+    // The Lease goes in before any replica runs (whose setup applies the
+    // namespace): on a fresh control plane this test may be the first to
+    // need it (the cause of this test's rare 404s in CI).
+    ensure_system_namespace(&env.client).await;
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let elsewhere: Lease = serde_json::from_value(json!({
         "metadata": {"name": lease_name, "labels": {support::RUN_LABEL: env.id}},

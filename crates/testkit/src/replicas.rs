@@ -31,13 +31,18 @@ pub async fn service_account_kubeconfig(client: &Client, dir: &Path) -> PathBuf 
     path
 }
 
+/// Applies manifests/base's namespace: a fresh control plane has none until
+/// a test applies it, and which test runs first is up to the harness.
+pub async fn ensure_system_namespace(client: &Client) {
+    super::apply_manifest(client, &crate::repo().join("manifests/base/namespace.yaml")).await;
+}
+
 /// Applies manifests/base's namespace and RBAC and returns a fresh token of
 /// nodewarden's ServiceAccount (each token has its own credential id, which
 /// the audit log records with every request).
 pub async fn service_account_token(client: &Client) -> String {
-    for file in ["namespace.yaml", "rbac.yaml"] {
-        super::apply_manifest(client, &crate::repo().join("manifests/base").join(file)).await;
-    }
+    ensure_system_namespace(client).await;
+    super::apply_manifest(client, &crate::repo().join("manifests/base/rbac.yaml")).await;
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
             expiration_seconds: Some(3600),
