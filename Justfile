@@ -102,14 +102,14 @@ image arch="amd64":
 image-check arch="amd64":
     e2e/image/check.sh {{arch}}
 
-# Regenerate manifests/base/crds.yaml (and the chart's copy) from the Rust types.
+# Regenerate manifests/base/crds.yaml (and the chart's copy) from the Rust types (run with the test profile: the binary `cargo test` builds, not a second build of the library, 50 s on two cores).
 crds:
-    cargo run --quiet -- crds > manifests/base/crds.yaml
+    cargo run --profile test --quiet -- crds > manifests/base/crds.yaml
     cp manifests/base/crds.yaml charts/nodewarden/crds/crds.yaml
 
 # Fail when manifests/base/crds.yaml differs from what the Rust types generate.
 check-crds:
-    diff -u manifests/base/crds.yaml <(cargo run --quiet -- crds) || { echo "manifests/base/crds.yaml is stale: run 'just crds'"; exit 1; }
+    diff -u manifests/base/crds.yaml <(cargo run --profile test --quiet -- crds) || { echo "manifests/base/crds.yaml is stale: run 'just crds'"; exit 1; }
 
 # The Helm chart: `helm lint --strict` (helm pinned in e2e/helm, built into the cache) and `helm template` of every cloud × webhook-certificates choice (tests/it/chart.rs checks what they render).
 chart:
