@@ -10,14 +10,14 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 controlplane="$here/../controlplane"
+log_tag=nodes
+# shellcheck source-path=SCRIPTDIR source=../lib.sh
+source "$here/../lib.sh"
 bin_dir=$("$controlplane/build.sh" --nodes | tail -n 1)
-[ -x "$bin_dir/kubelet" ] || { echo "nodes: no kubelet in $bin_dir" >&2; exit 1; }
 
 if [ ! -x "$bin_dir/pause" ]; then
   k8s_version=$(awk '$1=="k8s.io/kubernetes"{print $2; exit}' "$controlplane/go.mod")
-  dir=$(cd "$controlplane" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go mod download -json "k8s.io/kubernetes@${k8s_version}" |
-    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-  [ -n "$dir" ] || { echo "nodes: cannot locate module k8s.io/kubernetes@${k8s_version}" >&2; exit 1; }
+  dir=$(cd "$controlplane" && module_dir "k8s.io/kubernetes@${k8s_version}")
   gcc -Os -static -o "$bin_dir/.pause.tmp" "$dir/build/pause/linux/pause.c"
   mv "$bin_dir/.pause.tmp" "$bin_dir/pause"
 fi
