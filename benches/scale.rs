@@ -21,8 +21,8 @@
 //! it as JSON and as an SVG chart to `.run/bench-scale/`.
 //! `NODEWARDEN_SCALE_NODES="500 2000"` and `NODEWARDEN_SCALE_STEADY=60`
 //! change the points and the steady period. Under `cargo test` (`just test`)
-//! it runs 500 nodes with 2 pods each, 15 s steady and 10 s of churn, so the
-//! command cannot rot.
+//! it runs 100 nodes with 2 pods each, 5 s steady and 5 s of churn, so the
+//! command cannot rot (its figures mean nothing at that size).
 
 use nodewarden_testkit as support;
 
@@ -726,17 +726,17 @@ fn main() {
             },
         ],
         Err(_) => vec![Point {
-            nodes: 500,
+            nodes: 100,
             pods_per_node: 2,
         }],
     };
     let steady = std::env::var("NODEWARDEN_SCALE_STEADY")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if full { 300 } else { 15 });
+        .unwrap_or(if full { 300 } else { 5 });
     let phases = Phases {
         steady: Duration::from_secs(steady),
-        churn: Duration::from_secs(if full { 60 } else { 10 }),
+        churn: Duration::from_secs(if full { 60 } else { 5 }),
         churn_per_second: if full { 60 } else { 50 },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
