@@ -42,12 +42,12 @@ test: lint-sources test-build check-crds
     mkdir -p .run/test
     log=.run/test/cargo-test.log
     status=0
-    # The integration tests mostly wait on the control plane (at two at a time
-    # the CPU was 42 % idle), so they run four at a time, except the modules
-    # whose tests bound a time (a leader's failover or handover, admission
-    # answered through a leader kill, fenced late writes, cloud calls per
-    # window, a private control plane's restart): those run afterwards, two at
-    # a time, as before. A new module with a time bound is added here.
+    # The integration tests in two groups: the modules whose tests bound a time
+    # (a leader's failover or handover, admission answered through a leader
+    # kill, fenced late writes, cloud calls per window, a private control
+    # plane's restart) run after the others. Both run two at a time: at four,
+    # the twelve-node rollout once took 137 s at maxSurge 3 (36 s at 1), a
+    # stall not yet explained. A new module with a time bound is added here.
     timed=(leader_election:: handover:: controller:: admission_ha:: admission_hardening::
       aws_ha:: plans_ha:: sip_ha:: production:: late_writes:: event_filtering:: reflector::)
     # The filters name modules of tests/it only: every other target (unit
@@ -55,7 +55,7 @@ test: lint-sources test-build check-crds
     others=(--lib --bins --benches)
     for t in tests/*.rs; do others+=(--test "$(basename "$t" .rs)"); done
     {{linted}} cargo test --workspace "${others[@]}" --no-fail-fast 2>&1 | tee "$log" || status=$?
-    {{linted}} cargo test --test it -- --test-threads=4 "${timed[@]/#/--skip=}" 2>&1 | tee -a "$log" || status=$?
+    {{linted}} cargo test --test it -- --test-threads=2 "${timed[@]/#/--skip=}" 2>&1 | tee -a "$log" || status=$?
     {{linted}} cargo test --test it -- --test-threads=2 "${timed[@]}" 2>&1 | tee -a "$log" || status=$?
     if [ "$status" -ne 0 ]; then
       echo "== failed tests (whole output in $log) =="

@@ -6,10 +6,9 @@
 //! binaries of their own.
 //!
 //! One module per concern; `cargo test --test it <module>::` runs one.
-//! `just test` runs the modules four tests at a time, except those whose
-//! tests bound a time (failover, handover, calls per window): its `timed`
-//! list runs them afterwards two at a time. A module with a time bound goes
-//! on that list.
+//! `just test` runs the modules whose tests bound a time (failover,
+//! handover, calls per window) after the others: its `timed` list. A module
+//! with a time bound goes on that list.
 
 use nodewarden_testkit as support;
 
