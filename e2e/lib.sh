@@ -187,8 +187,8 @@ go_pinned() {
 # modules' go lines; a toolchain is never downloaded).
 require_go() {
   local minor
-  minor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
-  [ "${minor:-0}" -ge "$1" ] || die "Go >= 1.$1 is required (found $(go env GOVERSION))"
+  minor=$(go_pinned go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
+  [ "${minor:-0}" -ge "$1" ] || die "Go >= 1.$1 is required (found $(go_pinned go env GOVERSION))"
 }
 
 # module_dir MODULE@VERSION: the module's directory in the module cache

@@ -26,8 +26,7 @@ if [ -x "$bin_dir/$name" ]; then
   exit 0
 fi
 
-go_minor=$(go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
-[ "${go_minor:-0}" -ge 26 ] || die "Go >= 1.26 is required (found $(go env GOVERSION))"
+require_go 26
 
 # As Helm's Makefile sets them: the version `helm version` prints, and the
 # Kubernetes version that `helm template` and `helm lint` assume without a
