@@ -27,5 +27,5 @@ fi
 # The checksum database does not answer for this module here (see go.mod);
 # go.sum still verifies it.
 export GONOSUMDB=github.com/medik8s
-go_build_tool "$bin_dir" "$name" "$pkg" >&2
+go_build_tool "$bin_dir" "$name" "$pkg" "-s -w" >&2
 echo "$bin_dir"

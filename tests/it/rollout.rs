@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is_faster() {
+async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_replaces_three_at_once() {
     let r = setup("rollout", &[("cp", "ControlPlane", 3), ("workers", "Worker", 9)]).await;
     let env = &r.env;
     let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
@@ -54,9 +54,11 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
 
     let one = roll(&r, "img-2", 1).await;
     assert_no_leak(&r).await;
+    let peak_one = checker.take_peak_surge();
     checker.set_surge(3);
     let three = roll(&r, "img-3", 3).await;
     assert_no_leak(&r).await;
+    let peak_three = checker.take_peak_surge();
     let found = checker.finish().await;
 
     let ideal = |s: usize| (BOOT + JOIN) * (12_usize.div_ceil(s) as u32);
@@ -91,9 +93,13 @@ async fn twelve_nodes_are_replaced_without_breaching_an_invariant_and_surge_3_is
             log.all()
         );
     }
+    // The surge is judged by what was in flight at once, not by the clock:
+    // under a loaded machine one wave can take longer than the whole of
+    // another rollout (the times are printed above; benches/rollout.rs
+    // measures them against the ideal).
     assert!(
-        three < one,
-        "maxSurge 3 ({three:?}) should beat maxSurge 1 ({one:?})"
+        peak_three >= 3,
+        "maxSurge 3 never had 3 replacements in flight at once (peak {peak_three}; {peak_one} at maxSurge 1)"
     );
     op.stop().await;
     let Rollout { env, sim, .. } = r;

@@ -334,6 +334,12 @@ impl Checker {
         self.peak.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// As [`Checker::peak_surge`], starting the count again from zero (for
+    /// the next rollout).
+    pub fn take_peak_surge(&self) -> usize {
+        self.peak.swap(0, std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn set_surge(&self, surge: usize) {
         *self.surge.lock().unwrap_or_else(|e| e.into_inner()) = surge;
     }
