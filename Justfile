@@ -29,12 +29,9 @@ linted := "RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS=-D__CLIPPY_HACKERY_
 test: lint-sources test-build check-crds
     #!/usr/bin/env bash
     set -euo pipefail
-    # A control plane of its own, so a running demo cluster is left alone, and
-    # a second one for the targets that run beside tests/it (below).
+    # A control plane of its own, so a running demo cluster is left alone.
     export NODEWARDEN_RUN_DIR="{{justfile_directory()}}/.run/test"
-    others_dir="{{justfile_directory()}}/.run/test-others" others_pid=""
-    trap '[ -z "$others_pid" ] || kill "$others_pid" 2>/dev/null || true
-      e2e/controlplane/cluster.sh down; NODEWARDEN_RUN_DIR="$others_dir" e2e/controlplane/cluster.sh down' EXIT
+    trap 'e2e/controlplane/cluster.sh down' EXIT
     e2e/controlplane/cluster.sh up >/dev/null
     # Jaeger (built from Go modules, cached) receives the production test's traces.
     e2e/jaeger/build.sh >/dev/null
@@ -45,33 +42,24 @@ test: lint-sources test-build check-crds
     mkdir -p .run/test
     log=.run/test/cargo-test.log
     status=0
-    # First, two at a time, the modules of tests/it whose tests bound a time
+    # The integration tests in two groups: the modules whose tests bound a time
     # (a leader's failover or handover, admission answered through a leader
     # kill, fenced late writes, cloud calls per window, a private control
-    # plane's restart). A new module with a time bound is added here.
+    # plane's restart) run after the others, two at a time; the others four
+    # at a time (278 s; 623 s at two). The twelve-node rollout judges its
+    # surge by what was in flight at once, not by comparing two rollouts'
+    # times, which a loaded machine can reverse. A new module with a time
+    # bound is added here.
     timed=(leader_election:: handover:: controller:: admission_ha:: admission_hardening::
       aws_ha:: plans_ha:: sip_ha:: production:: late_writes:: event_filtering:: reflector::)
-    {{linted}} cargo test --test it -- --test-threads=2 "${timed[@]}" 2>&1 | tee "$log" || status=$?
-    # Then, side by side, as their tests wait more than they compute (the
-    # rest of tests/it takes 623 s at two threads, 278 s at four):
-    # - every other target (unit tests, the chaos runs, the benches' quick
-    #   mode; the filters name modules of tests/it only) against the second
-    #   control plane, one binary after another: the chaos runs and the scale
-    #   bench restart its kube-apiserver;
-    # - the rest of tests/it, four at a time. The twelve-node rollout judges
-    #   its surge by what was in flight at once, not by comparing two
-    #   rollouts' times, which a loaded machine can reverse.
-    NODEWARDEN_RUN_DIR="$others_dir" e2e/controlplane/cluster.sh up >/dev/null
+    # The filters name modules of tests/it only: every other target (unit
+    # tests, the chaos runs, the benches' quick mode) runs apart from them,
+    # one binary after another (the chaos runs restart kube-apiserver).
     others=(--lib --bins --benches)
     for t in tests/*.rs; do others+=(--test "$(basename "$t" .rs)"); done
-    others_log=.run/test/cargo-test-others.log
-    NODEWARDEN_RUN_DIR="$others_dir" {{linted}} cargo test --workspace "${others[@]}" --no-fail-fast >"$others_log" 2>&1 &
-    others_pid=$!
+    {{linted}} cargo test --workspace "${others[@]}" --no-fail-fast 2>&1 | tee "$log" || status=$?
     {{linted}} cargo test --test it -- --test-threads=4 "${timed[@]/#/--skip=}" 2>&1 | tee -a "$log" || status=$?
-    wait "$others_pid" || status=$?
-    others_pid=""
-    echo "== the other targets, run beside (their output also in $others_log) =="
-    tee -a "$log" <"$others_log"
+    {{linted}} cargo test --test it -- --test-threads=2 "${timed[@]}" 2>&1 | tee -a "$log" || status=$?
     if [ "$status" -ne 0 ]; then
       echo "== failed tests (whole output in $log) =="
       awk '/^ +Running /{binary=$2} / \.\.\. FAILED$/{print "  " binary ": " $2} /^error: [0-9]+ targets? failed/{summary=1} summary' "$log"

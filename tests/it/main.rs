@@ -2,15 +2,14 @@
 //! the real local control plane (`e2e/controlplane/cluster.sh`, started
 //! once for the run by the first test that needs it), with the harness of
 //! `crates/testkit` as `support`. The chaos runs (`tests/chaos.rs`,
-//! `tests/chaos_storms.rs`) restart their API server, so they stay
+//! `tests/chaos_storms.rs`) restart the shared API server, so they stay
 //! binaries of their own.
 //!
 //! One module per concern; `cargo test --test it <module>::` runs one.
 //! `just test` runs the modules whose tests bound a time (failover,
-//! handover, calls per window) first, two at a time: its `timed` list. A
-//! module with a time bound goes on that list; the others run four at a
-//! time after them, beside the other test binaries (those run against a
-//! second control plane, so the chaos runs' restarts touch no test here).
+//! handover, calls per window) after the others, two at a time: its `timed`
+//! list. A module with a time bound goes on that list; the others run four
+//! at a time.
 
 use nodewarden_testkit as support;
 
