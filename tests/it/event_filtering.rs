@@ -224,26 +224,21 @@ async fn with_the_cloud_down_busy_nodes_do_not_multiply_cloud_calls() {
         .await
         .expect("creating the ScalingGroup");
 
-    // Nodes change 50 times a second (labels: changes the predicates let
-    // through). Each patch goes out on its tick without waiting for the one
-    // before: the rate holds however long the API server takes to answer.
+    // Nodes change up to 50 times a second (labels: changes the predicates
+    // let through), one patch at a time: patches sent without waiting piled
+    // up on the same nodes under a loaded API server until one timed out (504).
     let started = Instant::now();
     let api: Api<Node> = Api::all(env.client.clone());
     let mut tick = tokio::time::interval(Duration::from_millis(20));
-    let mut patches = tokio::task::JoinSet::new();
     let mut updates = 0usize;
     while started.elapsed() < CHURN {
         tick.tick().await;
-        let (api, node) = (api.clone(), names[updates % NODES].clone());
+        let node = &names[updates % NODES];
         let patch = json!({"metadata": {"labels": {"example.com/tick": updates.to_string()}}});
-        patches.spawn(async move {
-            api.patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-        });
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("labelling a node");
         updates += 1;
-    }
-    while let Some(done) = patches.join_next().await {
-        done.expect("a patch task").expect("labelling a node");
     }
     let elapsed = started.elapsed();
     let made = calls.load(Ordering::SeqCst);
@@ -260,9 +255,10 @@ async fn with_the_cloud_down_busy_nodes_do_not_multiply_cloud_calls() {
         updates as f64 / elapsed.as_secs_f64()
     );
     // Enough node events that an operator asking the cloud on each would
-    // exceed the bound many times over.
+    // exceed the bound several times over (a rate would measure the API
+    // server: a loaded one answered 27 patches a second).
     assert!(
-        updates >= 10 * allowed,
+        updates >= 5 * allowed,
         "{updates} node updates are too few to tell against a bound of {allowed}"
     );
     assert!(made >= 2, "the cloud was never asked: the test proves nothing");
