@@ -186,9 +186,10 @@ go_pinned() {
 # require_go MINOR: dies unless the local Go is at least 1.MINOR (the pinned
 # modules' go lines; a toolchain is never downloaded).
 require_go() {
-  local minor
-  minor=$(go_pinned go env GOVERSION | sed -E 's/^go1\.([0-9]+).*/\1/')
-  [ "${minor:-0}" -ge "$1" ] || die "Go >= 1.$1 is required (found $(go_pinned go env GOVERSION))"
+  local version minor
+  version=$(go_pinned go env GOVERSION)
+  minor=$(sed -E 's/^go1\.([0-9]+).*/\1/' <<<"$version")
+  [ "${minor:-0}" -ge "$1" ] || die "Go >= 1.$1 is required (found $version)"
 }
 
 # module_dir MODULE@VERSION: the module's directory in the module cache
