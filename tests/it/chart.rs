@@ -989,6 +989,9 @@ pub(crate) async fn run_as_rendered(env: &TestEnv, name: &str, docs: &[Value]) {
         }
     }
 
+    // The authorizer learns of new bindings through informers: started at
+    // once, the replica could be refused its first calls.
+    support::rbac::wait_until_in_effect(&env.client, docs).await;
     let (replicas, identity) = start_as_rendered(env, name, docs, webhook_port).await;
     // The webhook: its own certificate in the release's Secret, the
     // caBundle set in the release's configuration (the ClusterRole names

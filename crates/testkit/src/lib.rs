@@ -31,6 +31,7 @@ pub mod metal3;
 pub mod nmo;
 pub mod plans;
 pub mod procstat;
+pub mod rbac;
 pub mod replicas;
 pub mod rollout;
 pub mod sim;
