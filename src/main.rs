@@ -129,9 +129,9 @@ struct RunArgs {
     /// (`nodewarden-simcloud`); without a cloud only maintenance runs.
     #[arg(long, env = "NODEWARDEN_SIM_CLOUD")]
     sim_cloud: Option<String>,
-    /// The cloud that replaces nodes: `sim` (needs --sim-cloud), `aws`, or `none`
-    /// (default: `sim` when --sim-cloud is given, else none).
-    #[arg(long, env = "NODEWARDEN_CLOUD", value_parser = ["sim", "aws", "none"])]
+    /// The cloud that replaces nodes: `sim` (needs --sim-cloud), `aws`, `gcp`,
+    /// or `none` (default: `sim` when --sim-cloud is given, else none).
+    #[arg(long, env = "NODEWARDEN_CLOUD", value_parser = ["sim", "aws", "gcp", "none"])]
     cloud: Option<String>,
     /// Cloud calls a second, shared by every controller: keep it under the
     /// account's API quota (a rollout at a high surge is paced by it).
@@ -156,6 +156,20 @@ struct RunArgs {
     /// default: another region would hold other groups).
     #[arg(long, env = "NODEWARDEN_AWS_REGION")]
     aws_region: Option<String>,
+    /// GCP: the cluster's `constellation-uid` label value (on its managed
+    /// instance groups' templates). Required with `--cloud gcp`.
+    #[arg(long, env = "NODEWARDEN_GCP_CLUSTER_UID")]
+    gcp_cluster_uid: Option<String>,
+    /// GCP: the project of the cluster's instance groups; else the service
+    /// account key's, else the metadata server's.
+    #[arg(long, env = "NODEWARDEN_GCP_PROJECT")]
+    gcp_project: Option<String>,
+    /// GCP: another Compute endpoint (a fake); else Google's.
+    #[arg(long, env = "NODEWARDEN_GCP_ENDPOINT")]
+    gcp_endpoint: Option<String>,
+    /// GCP: how long one API call may take before it counts as failed (seconds).
+    #[arg(long, env = "NODEWARDEN_GCP_CALL_TIMEOUT", default_value_t = 10.0)]
+    gcp_call_timeout: f64,
     /// Create ScalingGroups following this NodeVersion for cloud groups without one.
     #[arg(long, env = "NODEWARDEN_DISCOVER_SCALING_GROUPS")]
     discover_scaling_groups: Option<String>,
@@ -424,6 +438,11 @@ async fn cloud(
                 .await
                 .context("configuring the aws cloud")?,
         )),
+        "gcp" => Some(std::sync::Arc::new(
+            nodewarden::cloud::gcp::GcpProvider::new(gcp_config(args)?)
+                .await
+                .context("configuring the gcp cloud")?,
+        )),
         _ => None,
     })
 }
@@ -450,6 +469,23 @@ fn aws_config(args: &RunArgs) -> anyhow::Result<nodewarden::cloud::aws::AwsConfi
         region,
         static_credentials: None,
         call_timeout: Some(seconds(args.aws_call_timeout, "aws-call-timeout")?),
+    })
+}
+
+/// The GCP settings nodewarden cannot guess (see [`aws_config`]); the
+/// project may come from the credentials.
+fn gcp_config(args: &RunArgs) -> anyhow::Result<nodewarden::cloud::gcp::GcpConfig> {
+    let given = |value: Option<String>| value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let cluster_uid = given(args.gcp_cluster_uid.clone()).context(
+        "--cloud gcp needs the value of the cluster's instance templates' constellation-uid label: \
+         set --gcp-cluster-uid or NODEWARDEN_GCP_CLUSTER_UID",
+    )?;
+    Ok(nodewarden::cloud::gcp::GcpConfig {
+        cluster_uid,
+        project: given(args.gcp_project.clone()),
+        endpoint: given(args.gcp_endpoint.clone()),
+        credentials: None,
+        call_timeout: Some(seconds(args.gcp_call_timeout, "gcp-call-timeout")?),
     })
 }
 

@@ -32,6 +32,8 @@ pub mod aws;
 pub mod batch;
 pub mod decorator;
 pub mod error;
+pub mod gcp;
+pub mod http;
 pub mod metered;
 pub mod retry;
 pub mod sim;

@@ -28,7 +28,7 @@ use crate::support::manifests::{Applied, apply, describe, find, gvk_of, is_names
 use crate::support::replicas::{Replicas, SYSTEM_NAMESPACE, Shared, holder, replica_log_dir};
 use crate::support::{Probe, RUN_LABEL, TestEnv, wait_for};
 
-const CLOUDS: [&str; 3] = ["none", "aws", "sim"];
+const CLOUDS: [&str; 4] = ["none", "aws", "gcp", "sim"];
 const CERTIFICATES: [&str; 3] = ["own", "cert-manager", "off"];
 
 /// API groups a cluster may lack: their objects are skipped in the dry run
@@ -45,11 +45,18 @@ fn aws_values() -> Value {
     })
 }
 
+/// GCP's values, as a user with a service account's key gives them.
+fn gcp_values() -> Value {
+    json!({"clusterUID": "the-cluster-uid", "project": "my-project", "keySecret": "nodewarden-gcp"})
+}
+
 /// The values of one cloud × webhook-certificates choice.
 fn choice(cloud: &str, certificates: &str) -> Value {
     let mut values = json!({"cloud": {"provider": cloud}, "webhook": {"certificates": certificates}});
-    if cloud == "aws" {
-        values["cloud"]["aws"] = aws_values();
+    match cloud {
+        "aws" => values["cloud"]["aws"] = aws_values(),
+        "gcp" => values["cloud"]["gcp"] = gcp_values(),
+        _ => {}
     }
     values
 }
@@ -210,6 +217,7 @@ fn each_choice_renders_its_cloud_and_webhook_in_the_release_namespace() {
                     "{what}: {args:?}"
                 );
             }
+            Some("gcp") => assert_gcp_rendered(&docs, c, &what),
             _ => {
                 let data = &find(&docs, "ConfigMap", "nodewarden-aws")["data"];
                 assert_eq!(
@@ -273,6 +281,41 @@ fn each_choice_renders_its_cloud_and_webhook_in_the_release_namespace() {
             );
         }
     }
+}
+
+/// The GCP choice: its ConfigMap read by the container, the key's Secret
+/// mounted where GOOGLE_APPLICATION_CREDENTIALS points, the upgrade-agent
+/// relayed as on AWS (Constellation runs it on every cloud).
+fn assert_gcp_rendered(docs: &[Value], c: &Value, what: &str) {
+    let data = &find(docs, "ConfigMap", "nodewarden-gcp")["data"];
+    assert_eq!(
+        data,
+        &json!({"NODEWARDEN_CLOUD": "gcp", "NODEWARDEN_GCP_CLUSTER_UID": "the-cluster-uid",
+                "NODEWARDEN_GCP_PROJECT": "my-project",
+                "GOOGLE_APPLICATION_CREDENTIALS": "/etc/nodewarden/gcp/key.json",
+                "NODEWARDEN_DISCOVER_SCALING_GROUPS": "constellation-version"}),
+        "{what}"
+    );
+    assert_eq!(
+        c["envFrom"],
+        json!([{"configMapRef": {"name": "nodewarden-gcp"}}]),
+        "{what}"
+    );
+    let mounts = c["volumeMounts"].as_array().expect("mounts");
+    assert!(
+        mounts.contains(&json!({"name": "gcp-key", "mountPath": "/etc/nodewarden/gcp", "readOnly": true})),
+        "{what}: {mounts:?}"
+    );
+    let spec = &find(docs, "Deployment", "nodewarden")["spec"]["template"]["spec"];
+    let volumes = spec["volumes"].as_array().expect("volumes");
+    assert!(
+        volumes.contains(&json!({"name": "gcp-key", "secret": {"secretName": "nodewarden-gcp"}})),
+        "{what}: {volumes:?}"
+    );
+    assert!(
+        volumes.iter().any(|v| v["name"] == "upgrade-agent"),
+        "{what}: the upgrade-agent relayed"
+    );
 }
 
 #[test]
@@ -436,7 +479,11 @@ fn etcd_on_control_plane_takes_the_boolean_that_set_gives() {
 #[test]
 fn the_schema_refuses_bad_values_naming_them() {
     let bad = [
-        (json!({"cloud": {"provider": "gcp"}}), "at '/cloud/provider'"),
+        (json!({"cloud": {"provider": "azure"}}), "at '/cloud/provider'"),
+        (
+            json!({"cloud": {"gcp": {"serviceAccount": "nodewarden"}}}),
+            "at '/cloud/gcp/serviceAccount'",
+        ),
         (
             json!({"webhook": {"certificates": "self-signed"}}),
             "at '/webhook/certificates'",
@@ -502,6 +549,10 @@ fn a_missing_required_value_is_refused_naming_it() {
             "cloud.aws.clusterUID is required: the value of the Auto Scaling groups' constellation-uid tag",
         ),
         (aws("", "uid-1"), "cloud.aws.region is required"),
+        (
+            json!({"cloud": {"provider": "gcp"}}),
+            "cloud.gcp.clusterUID is required: the value of the instance templates' constellation-uid label",
+        ),
         (
             json!({"networkPolicy": {"enabled": true}}),
             "networkPolicy.webhookFrom is required with networkPolicy.enabled",

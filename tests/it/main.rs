@@ -24,6 +24,7 @@ mod controlplane;
 mod etcd_defaults;
 mod etcd_members;
 mod event_filtering;
+mod gcp;
 mod handover;
 mod install;
 mod late_writes;

@@ -24,6 +24,10 @@ The container's args: `nodewarden run` with the flags the values ask for
 {{- include "nodewarden.flag" (list "aws-endpoint" $v.cloud.aws.endpoint) }}
 {{- include "nodewarden.flag" (list "aws-call-timeout" $v.cloud.aws.callTimeout) }}
 {{- end }}
+{{- if eq $v.cloud.provider "gcp" }}
+{{- include "nodewarden.flag" (list "gcp-endpoint" $v.cloud.gcp.endpoint) }}
+{{- include "nodewarden.flag" (list "gcp-call-timeout" $v.cloud.gcp.callTimeout) }}
+{{- end }}
 {{- if ne $v.cloud.provider "none" }}
 {{- include "nodewarden.flag" (list "cloud-qps" $v.cloud.qps) }}
 {{- include "nodewarden.flag" (list "cloud-burst" $v.cloud.burst) }}

@@ -101,8 +101,11 @@ webhook.etcdOnControlPlane; "true" and "false" also as booleans (what
 {{/* Whether Constellation's upgrade-agent socket is relayed into the pod. */}}
 {{- define "nodewarden.upgradeAgent" -}}
 {{- $a := .Values.upgradeAgent -}}
-{{- if or (eq (toString $a.enabled) "true") (and (eq (toString $a.enabled) "auto") (eq .Values.cloud.provider "aws")) }}true{{ end -}}
+{{- if or (eq (toString $a.enabled) "true") (and (eq (toString $a.enabled) "auto") (has .Values.cloud.provider (list "aws" "gcp"))) }}true{{ end -}}
 {{- end -}}
+
+{{/* Where the GCP service account's key Secret is mounted. */}}
+{{- define "nodewarden.gcpKeyDir" -}}/etc/nodewarden/gcp{{- end -}}
 
 {{/* Where nodewarden reaches the relayed upgrade-agent socket. */}}
 {{- define "nodewarden.upgradeAgentDir" -}}/var/run/nodewarden/upgrade-agent{{- end -}}

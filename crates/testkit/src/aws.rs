@@ -4,16 +4,15 @@
 //! cluster becomes a kwok Node with its provider ID and image after a boot
 //! delay, and its Node goes when the instance is terminated.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Client, ResourceExt};
-use nodewarden::api::update::{NodeVersion, ScalingGroup};
 use nodewarden::cloud::GroupRole;
 use nodewarden::cloud::aws::api;
 use nodewarden::cloud::aws::form::Params;
@@ -22,6 +21,7 @@ use nodewarden_simcloud::model::JoinJob;
 use tokio_util::sync::CancellationToken;
 
 use super::RUN_LABEL;
+pub use super::discovery::create_budget_node_version;
 
 /// The region the tests use (moto accepts any).
 pub const REGION: &str = "us-east-1";
@@ -313,22 +313,7 @@ impl AwsCluster {
             Duration::from_secs(1),
             stop.clone(),
         ));
-        let nodes: Api<Node> = Api::all(env.client.clone());
-        let selector = env.run_selector();
-        super::wait_for(
-            &format!("{total} Ready nodes from moto's instances"),
-            Duration::from_secs(60),
-            || async {
-                match nodes.list(&ListParams::default().labels(&selector)).await {
-                    Ok(l) if l.items.iter().filter(|n| super::node_is_ready(n)).count() == total => {
-                        super::Probe::Done(())
-                    }
-                    Ok(l) => super::Probe::NotYet(format!("{} nodes", l.items.len())),
-                    Err(e) => super::Probe::NotYet(super::seen(e)),
-                }
-            },
-        )
-        .await;
+        super::discovery::wait_ready_nodes(env, total, "moto's instances").await;
         AwsCluster {
             aws,
             uid,
@@ -340,35 +325,14 @@ impl AwsCluster {
 
     /// Nothing leaked: moto's running instances are exactly the Nodes.
     pub async fn wait_instances_equal_nodes(&self, env: &super::TestEnv) {
-        let nodes: Api<Node> = Api::all(env.client.clone());
-        let selector = env.run_selector();
-        super::wait_for(
-            "moto's instances equal the Nodes",
-            Duration::from_secs(30),
-            || async {
-                let running: BTreeSet<String> = match instances(&self.aws, &self.uid).await {
-                    Ok(all) => all
-                        .iter()
-                        .filter(|(_, v)| v.0 == "running")
-                        .map(|(id, v)| format!("aws:///{}/{id}", v.2))
-                        .collect(),
-                    Err(e) => return super::Probe::NotYet(e),
-                };
-                let node_ids: BTreeSet<String> =
-                    match nodes.list(&ListParams::default().labels(&selector)).await {
-                        Ok(l) => l
-                            .items
-                            .iter()
-                            .filter_map(|n| n.spec.as_ref()?.provider_id.clone())
-                            .collect(),
-                        Err(e) => return super::Probe::NotYet(super::seen(e)),
-                    };
-                match running == node_ids {
-                    true => super::Probe::Done(()),
-                    false => super::Probe::NotYet(format!("instances {running:?} vs nodes {node_ids:?}")),
-                }
-            },
-        )
+        super::discovery::wait_instances_equal_nodes(env, "moto", || async {
+            let all = instances(&self.aws, &self.uid).await?;
+            Ok(all
+                .iter()
+                .filter(|(_, v)| v.0 == "running")
+                .map(|(id, v)| format!("aws:///{}/{id}", v.2))
+                .collect())
+        })
         .await;
     }
 
@@ -390,69 +354,13 @@ impl AwsCluster {
     }
 }
 
-/// A NodeVersion on `image` whose surge is upstream's `maxNodeBudget`
-/// (no `rollout`), and no ScalingGroup: discovery makes those.
-pub async fn create_budget_node_version(env: &super::TestEnv, image: &str, budget: u32) {
-    let nv: NodeVersion = serde_json::from_value(serde_json::json!({
-        "apiVersion": "update.edgeless.systems/v1alpha1", "kind": "NodeVersion",
-        "metadata": {"name": env.name("version"), "labels": {RUN_LABEL: env.id}},
-        "spec": {"image": image, "maxNodeBudget": budget},
-    }))
-    .expect("a NodeVersion");
-    Api::<NodeVersion>::all(env.client.clone())
-        .create(&PostParams::default(), &nv)
-        .await
-        .expect("creating the NodeVersion");
-}
-
 /// Waits until discovery made one ScalingGroup per Auto Scaling group of
-/// `cluster`, named after it, with its role and node group, following the
-/// test's NodeVersion and seen through the test's object selector.
+/// `cluster` (see [`super::discovery::wait_discovered`]).
 pub async fn wait_discovered(env: &super::TestEnv, cluster: &AwsCluster) {
-    let api: Api<ScalingGroup> = Api::all(env.client.clone());
-    let selector = env.run_selector();
-    let want: BTreeMap<String, (String, String, String, String)> = cluster
+    let groups: Vec<(String, String, &str)> = cluster
         .groups
         .iter()
-        .map(|(name, role)| {
-            (
-                name.clone(),
-                (name.clone(), role.to_string(), name.clone(), env.name("version")),
-            )
-        })
+        .map(|(name, role)| (name.clone(), name.clone(), *role))
         .collect();
-    super::wait_for(
-        "ScalingGroups discovered from the groups' tags",
-        Duration::from_secs(30),
-        || async {
-            let got: BTreeMap<String, (String, String, String, String)> =
-                match api.list(&ListParams::default().labels(&selector)).await {
-                    Ok(l) => l
-                        .items
-                        .iter()
-                        .map(|g| {
-                            let role = serde_json::to_value(g.spec.role)
-                                .ok()
-                                .and_then(|v| v.as_str().map(String::from))
-                                .unwrap_or_default();
-                            (
-                                g.name_any(),
-                                (
-                                    g.spec.group_id.clone(),
-                                    role,
-                                    g.spec.node_group_name.clone(),
-                                    g.spec.node_image.clone(),
-                                ),
-                            )
-                        })
-                        .collect(),
-                    Err(e) => return super::Probe::NotYet(super::seen(e)),
-                };
-            match got == want {
-                true => super::Probe::Done(()),
-                false => super::Probe::NotYet(format!("{got:?}")),
-            }
-        },
-    )
-    .await;
+    super::discovery::wait_discovered(env, &groups).await;
 }

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 
 use super::super::CloudError;
-use super::http::{Http, Reply};
+use super::super::http::{Http, Reply};
 use super::xml::Xml;
 
 /// Keys that sign requests.

@@ -20,7 +20,6 @@ pub mod credentials;
 mod doubt;
 mod errors;
 pub mod form;
-mod http;
 pub mod query;
 mod sigv4;
 pub mod xml;

@@ -8,10 +8,10 @@ use bytes::Bytes;
 use http_body_util::Full;
 
 use super::super::CloudError;
+use super::super::http::Http;
 use super::credentials::{Cached, Source};
 use super::errors::classify;
 use super::form::Params;
-use super::http::Http;
 use super::sigv4;
 use super::xml::Xml;
 

@@ -1,6 +1,6 @@
-//! One HTTP client for every AWS call: the APIs over TLS (rustls with ring,
-//! the system's roots), the instance metadata service and the container
-//! credentials endpoint over plain HTTP. Each call has a deadline; nothing
+//! One HTTP client for every call of the clouds' providers: the APIs over
+//! TLS (rustls with ring, the system's roots), metadata services and local
+//! credential endpoints over plain HTTP. Each call has a deadline; nothing
 //! retries here (the work queue's backoff does).
 
 use std::time::Duration;
@@ -12,13 +12,24 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::super::CloudError;
+use super::CloudError;
 
-/// An answer: its status and body.
+/// An answer: its status, headers and body.
 #[derive(Clone, Debug)]
 pub struct Reply {
+    /// The HTTP status.
     pub status: u16,
+    /// The answer's headers (Retry-After, the clouds' operation links).
+    pub headers: http::HeaderMap,
+    /// The body as text.
     pub body: String,
+}
+
+impl Reply {
+    /// A header's value as text, when it has one.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
 }
 
 /// The client, cheap to clone.
@@ -36,7 +47,7 @@ impl Http {
         tcp.set_nodelay(true);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_native_roots()
-            .map_err(|e| CloudError::Config(format!("no TLS roots for AWS's endpoints: {e}")))?
+            .map_err(|e| CloudError::Config(format!("no TLS roots for the cloud's endpoints: {e}")))?
             .https_or_http()
             .enable_http1()
             .wrap_connector(tcp);
@@ -58,6 +69,7 @@ impl Http {
                 .await
                 .map_err(|e| CloudError::Transport(transport_reason(&e)))?;
             let status = response.status().as_u16();
+            let headers = response.headers().clone();
             let body = response
                 .into_body()
                 .collect()
@@ -66,6 +78,7 @@ impl Http {
                 .to_bytes();
             Ok(Reply {
                 status,
+                headers,
                 body: String::from_utf8_lossy(&body).into_owned(),
             })
         };
