@@ -63,6 +63,7 @@ test: lint-sources test-build check-crds
     {{linted}} cargo test --test it -- --test-threads=4 "${timed[@]/#/--skip=}" 2>&1 | tee -a "$log" || status=$?
     {{linted}} cargo test --test it -- --test-threads=2 "${timed[@]}" 2>&1 | tee -a "$log" || status=$?
     if [ "$status" -ne 0 ]; then
+      python3 e2e/tools/test-failures.py "$log" || true
       echo "== failed tests (whole output in $log) =="
       awk '/^ +Running /{binary=$2} / \.\.\. FAILED$/{print "  " binary ": " $2} /^error: [0-9]+ targets? failed/{summary=1} summary' "$log"
     fi
