@@ -26,13 +26,18 @@ def blocks(lines):
 
 
 def summary(body, keep):
-    """The last `keep` lines of the output, after the panic's first lines
-    when it panicked before them."""
-    start = max(0, len(body) - keep)
-    panic = [i for i, line in enumerate(body) if "panicked at" in line]
-    if panic and panic[0] < start:
-        return body[panic[0]:panic[0] + 4] + ["..."] + body[start:]
-    return body[start:]
+    """The `keep` lines the test printed before it panicked, then the whole
+    panic message (not its backtrace); the last `keep` lines when it did not
+    panic."""
+    panic = next((i for i, line in enumerate(body) if "panicked at" in line), None)
+    if panic is None:
+        return body[-keep:]
+    end = next(
+        (i for i in range(panic + 1, len(body))
+         if body[i].startswith(("stack backtrace:", "note: "))),
+        len(body),
+    )
+    return body[max(0, panic - keep):panic] + body[panic:end]
 
 
 def main():
@@ -41,9 +46,9 @@ def main():
     with open(path, errors="replace") as log:
         lines = [line.rstrip("\n") for line in log]
     for name, body in blocks(lines):
-        print(f"== {name}: where it panicked, and the end of its output ==")
+        print(f"== {name}: what it printed last, and its panic ==")
         for line in summary([b for b in body if b.strip()], keep):
-            print("  " + line[:300])
+            print("  " + line[:4000])
 
 
 if __name__ == "__main__":

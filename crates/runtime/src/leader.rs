@@ -186,6 +186,18 @@ impl LeaderHandle {
     pub fn identity(&self) -> &str {
         &self.shared.identity
     }
+
+    /// A handle that leads until `until`, with no election behind it.
+    #[cfg(test)]
+    pub(crate) fn leading_until(until: Instant) -> Self {
+        let shared = Arc::new(Shared {
+            identity: "test".into(),
+            valid_until: Mutex::new(None),
+            leading: watch::Sender::new(false),
+        });
+        shared.lead_until(until);
+        Self { shared }
+    }
 }
 
 /// What one attempt to take or keep the lease found.
