@@ -29,9 +29,11 @@
 //! it as it is, and re-exported here as the provider trait's.
 
 pub mod aws;
+pub mod azure;
 pub mod batch;
 pub mod decorator;
 pub mod error;
+pub mod form;
 pub mod gcp;
 pub mod http;
 pub mod metered;

@@ -133,7 +133,7 @@ impl Source {
                 sts_endpoint,
             } => {
                 let token = read_token(token_file)?;
-                let body = super::form::encode(&[
+                let body = crate::cloud::form::encode(&[
                     ("Action", "AssumeRoleWithWebIdentity"),
                     ("Version", "2011-06-15"),
                     ("RoleArn", role_arn),

@@ -1,30 +1,9 @@
 //! A Query API call's parameters and their form encoding: flat names with
 //! the protocol's list shapes (`InstanceId.1` for EC2, `Names.member.1` for
-//! Auto Scaling), percent-encoded as the SDKs encode them (RFC 3986's
-//! unreserved characters kept). The expected bodies in the tests are
+//! Auto Scaling), percent-encoded by `cloud::form`. The expected bodies in the tests are
 //! botocore's serializations of the same calls.
 
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-
-/// Everything but RFC 3986's unreserved characters is escaped.
-const ESCAPED: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-/// `name=value&...`, in the order given.
-pub fn encode(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-fn escape(s: &str) -> String {
-    utf8_percent_encode(s, ESCAPED).to_string()
-}
+use crate::cloud::form::encode;
 
 /// One call's parameters, Action and Version first.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -109,10 +88,6 @@ mod tests {
             sts.body(),
             "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=arn%3Aaws%3Aiam%3A%3A1%3Arole%2Fr\
              &RoleSessionName=nodewarden&WebIdentityToken=token"
-        );
-        assert_eq!(
-            encode(&[("UserData", "dQ=="), ("V", "$Default a~b")]),
-            "UserData=dQ%3D%3D&V=%24Default%20a~b"
         );
         assert_eq!(sts.action(), "AssumeRoleWithWebIdentity");
     }

@@ -102,26 +102,12 @@ pub struct GroupManager {
     pub name: String,
     /// Its zone's URL.
     pub zone: String,
-    /// Its own URL.
-    pub self_link: String,
     /// What its instances' names start with.
     pub base_instance_name: String,
     /// Its instance template's URL.
     pub instance_template: String,
     /// How many instances it keeps.
     pub target_size: i64,
-}
-
-/// A member of a managed instance group (listManagedInstances).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct ManagedInstance {
-    /// The instance's URL.
-    pub instance: String,
-    /// Its status (as an instance's).
-    pub instance_status: String,
-    /// What the group does with it: CREATING, DELETING, NONE, ...
-    pub current_action: String,
 }
 
 /// An operation (`compute#operation`).
@@ -296,7 +282,7 @@ impl Compute {
         loop {
             let mut path = format!("projects/{project}/aggregated/instanceGroupManagers");
             if let Some(t) = &token {
-                path = format!("{path}?{}", super::super::aws::form::encode(&[("pageToken", t)]));
+                path = format!("{path}?{}", crate::cloud::form::encode(&[("pageToken", t)]));
             }
             let page: AggregatedPage<GroupManager> = self.get(&path, "the instance group managers").await?;
             out.extend(page.items.into_values().flat_map(|s| s.instance_group_managers));

@@ -150,8 +150,13 @@ impl GcpProvider {
         for manager in self.compute.all_group_managers(&self.project).await? {
             let template = match self.template(&manager.instance_template).await {
                 Ok(t) => t,
-                // Another cluster's regional template, or one deleted since.
-                Err(CloudError::Config(_) | CloudError::NotFound { .. }) => continue,
+                // A regional template (another cluster's, or one nodewarden
+                // cannot copy), or one deleted since.
+                Err(CloudError::Config(why)) => {
+                    tracing::warn!(group = %manager.name, "not a scaling group of nodewarden's: {why}");
+                    continue;
+                }
+                Err(CloudError::NotFound { .. }) => continue,
                 Err(e) => return Err(e),
             };
             if template_label(&template, CLUSTER_LABEL) != Some(self.cluster_uid.as_str()) {

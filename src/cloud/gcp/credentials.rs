@@ -168,7 +168,7 @@ impl Source {
             Source::ServiceAccount(key) => {
                 let uri = key.token_uri.clone().unwrap_or_else(|| TOKEN_URI.into());
                 let assertion = jwt(key, &uri, jiff::Timestamp::now().as_second())?;
-                let form = super::super::aws::form::encode(&[
+                let form = crate::cloud::form::encode(&[
                     ("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer"),
                     ("assertion", &assertion),
                 ]);
@@ -176,7 +176,7 @@ impl Source {
             }
             Source::User(user) => {
                 let uri = user.token_uri.clone().unwrap_or_else(|| TOKEN_URI.into());
-                let form = super::super::aws::form::encode(&[
+                let form = crate::cloud::form::encode(&[
                     ("grant_type", "refresh_token"),
                     ("client_id", &user.client_id),
                     ("client_secret", &user.client_secret),
