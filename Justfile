@@ -39,6 +39,8 @@ test: lint-sources test-build check-crds
     e2e/helm/build.sh >/dev/null
     # The Compute fake (built from its Go module, cached) plays GCP (tests/it/gcp.rs).
     e2e/gcefake/build.sh >/dev/null
+    # The ARM fake (built from its Go module, cached) plays Azure (tests/it/azure.rs).
+    e2e/azurefake/build.sh >/dev/null
     # Every test binary runs whatever fails before it; the failures are
     # listed again at the end, by binary, so none hides in the output.
     mkdir -p .run/test

@@ -130,8 +130,8 @@ struct RunArgs {
     #[arg(long, env = "NODEWARDEN_SIM_CLOUD")]
     sim_cloud: Option<String>,
     /// The cloud that replaces nodes: `sim` (needs --sim-cloud), `aws`, `gcp`,
-    /// or `none` (default: `sim` when --sim-cloud is given, else none).
-    #[arg(long, env = "NODEWARDEN_CLOUD", value_parser = ["sim", "aws", "gcp", "none"])]
+    /// `azure`, or `none` (default: `sim` when --sim-cloud is given, else none).
+    #[arg(long, env = "NODEWARDEN_CLOUD", value_parser = ["sim", "aws", "gcp", "azure", "none"])]
     cloud: Option<String>,
     /// Cloud calls a second, shared by every controller: keep it under the
     /// account's API quota (a rollout at a high surge is paced by it).
@@ -170,6 +170,24 @@ struct RunArgs {
     /// GCP: how long one API call may take before it counts as failed (seconds).
     #[arg(long, env = "NODEWARDEN_GCP_CALL_TIMEOUT", default_value_t = 10.0)]
     gcp_call_timeout: f64,
+    /// Azure: the cluster's `constellation-uid` tag value (on its VM scale
+    /// sets). Required with `--cloud azure`.
+    #[arg(long, env = "NODEWARDEN_AZURE_CLUSTER_UID")]
+    azure_cluster_uid: Option<String>,
+    /// Azure: the subscription of the cluster's scale sets. Required with
+    /// `--cloud azure`; AZURE_SUBSCRIPTION_ID serves too.
+    #[arg(long, env = "NODEWARDEN_AZURE_SUBSCRIPTION")]
+    azure_subscription: Option<String>,
+    /// Azure: the resource group of the cluster's scale sets. Required with
+    /// `--cloud azure`.
+    #[arg(long, env = "NODEWARDEN_AZURE_RESOURCE_GROUP")]
+    azure_resource_group: Option<String>,
+    /// Azure: another Resource Manager endpoint (a fake); else ARM's.
+    #[arg(long, env = "NODEWARDEN_AZURE_ENDPOINT")]
+    azure_endpoint: Option<String>,
+    /// Azure: how long one API call may take before it counts as failed (seconds).
+    #[arg(long, env = "NODEWARDEN_AZURE_CALL_TIMEOUT", default_value_t = 15.0)]
+    azure_call_timeout: f64,
     /// Create ScalingGroups following this NodeVersion for cloud groups without one.
     #[arg(long, env = "NODEWARDEN_DISCOVER_SCALING_GROUPS")]
     discover_scaling_groups: Option<String>,
@@ -443,6 +461,10 @@ async fn cloud(
                 .await
                 .context("configuring the gcp cloud")?,
         )),
+        "azure" => Some(std::sync::Arc::new(
+            nodewarden::cloud::azure::AzureProvider::new(azure_config(args)?)
+                .context("configuring the azure cloud")?,
+        )),
         _ => None,
     })
 }
@@ -486,6 +508,33 @@ fn gcp_config(args: &RunArgs) -> anyhow::Result<nodewarden::cloud::gcp::GcpConfi
         endpoint: given(args.gcp_endpoint.clone()),
         credentials: None,
         call_timeout: Some(seconds(args.gcp_call_timeout, "gcp-call-timeout")?),
+    })
+}
+
+/// The Azure settings nodewarden cannot guess (see [`aws_config`]).
+fn azure_config(args: &RunArgs) -> anyhow::Result<nodewarden::cloud::azure::AzureConfig> {
+    let given = |value: Option<String>| value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let cluster_uid = given(args.azure_cluster_uid.clone()).context(
+        "--cloud azure needs the value of the cluster's scale sets' constellation-uid tag: \
+         set --azure-cluster-uid or NODEWARDEN_AZURE_CLUSTER_UID",
+    )?;
+    let subscription = given(args.azure_subscription.clone())
+        .or_else(|| given(std::env::var("AZURE_SUBSCRIPTION_ID").ok()))
+        .context(
+            "--cloud azure needs the subscription of the cluster's scale sets: \
+             set --azure-subscription, NODEWARDEN_AZURE_SUBSCRIPTION or AZURE_SUBSCRIPTION_ID",
+        )?;
+    let resource_group = given(args.azure_resource_group.clone()).context(
+        "--cloud azure needs the resource group of the cluster's scale sets: \
+         set --azure-resource-group or NODEWARDEN_AZURE_RESOURCE_GROUP",
+    )?;
+    Ok(nodewarden::cloud::azure::AzureConfig {
+        cluster_uid,
+        subscription,
+        resource_group,
+        endpoint: given(args.azure_endpoint.clone()),
+        call_timeout: Some(seconds(args.azure_call_timeout, "azure-call-timeout")?),
+        ..Default::default()
     })
 }
 

@@ -14,7 +14,8 @@ const (
 	modeHang      = "hang"       // carry it out, hold the answer 60 s
 )
 
-// failRule applies to the next Count requests whose path contains Path.
+// failRule applies to the next Count requests whose path contains Path (and
+// whose method is Method, when one is given).
 // An empty Path matches ARM calls only, so that a token fetch does not use up
 // a failure meant for the call after it; a non-empty one matches any request
 // outside /fake/ (so the token endpoints can be failed too). ARM paths are
@@ -24,21 +25,25 @@ type failRule struct {
 	Status int    `json:"status,omitempty"`
 	Count  int    `json:"count"`
 	Path   string `json:"path"`
+	Method string `json:"method,omitempty"`
 }
 
-func (rule *failRule) matches(path string) bool {
+func (rule *failRule) matches(method, path string) bool {
+	if rule.Method != "" && !strings.EqualFold(rule.Method, method) {
+		return false
+	}
 	if rule.Path == "" {
 		return isARM(path)
 	}
 	return !strings.HasPrefix(path, "/fake/") && strings.Contains(path, rule.Path)
 }
 
-// addRule handles POST /fake/<mode>?status=503&count=N&path=SUBSTRING
+// addRule handles POST /fake/<mode>?status=503&count=N&path=SUBSTRING&method=M
 // (count defaults to 1; status to 503, unused by hang).
 func (s *server) addRule(mode string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
-		rule := &failRule{Mode: mode, Status: http.StatusServiceUnavailable, Count: 1, Path: q.Get("path")}
+		rule := &failRule{Mode: mode, Status: http.StatusServiceUnavailable, Count: 1, Path: q.Get("path"), Method: q.Get("method")}
 		if v := q.Get("status"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 400 || n > 599 {
@@ -73,7 +78,7 @@ func (s *server) takeRule(r *http.Request) *failRule {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, rule := range s.rules {
-		if rule.matches(r.URL.Path) {
+		if rule.matches(r.Method, r.URL.Path) {
 			rule.Count--
 			if rule.Count == 0 {
 				s.rules = append(s.rules[:i], s.rules[i+1:]...)
@@ -150,7 +155,7 @@ func (s *server) vanishVM(w http.ResponseWriter, r *http.Request) {
 }
 
 // failOperation handles POST /fake/operations/{op}/fail?code=C&message=M: the
-// operation ends Failed with that error (default InternalExecutionError); what
+// operation ends Failed, now if it still runs, with that error (default InternalExecutionError); what
 // the call that started it changed stays changed.
 func (s *server) failOperation(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
@@ -169,6 +174,9 @@ func (s *server) failOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o.failure = failure
+	if now := time.Now(); now.Before(s.opEnd(o)) {
+		o.failedAt = now // It ends now.
+	}
 	writeJSON(w, http.StatusOK, operationStatus{Name: o.id, Status: s.opStatus(o, time.Now()),
 		StartTime: timestamp(o.created), Error: failure})
 }

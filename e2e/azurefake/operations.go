@@ -14,6 +14,7 @@ type operation struct {
 	id, sub, location string
 	created           time.Time
 	failure           *errorBody // set by /fake/operations/{op}/fail
+	failedAt          time.Time  // when it was failed, if before its end
 }
 
 // operationStatus is the body of an Azure-AsyncOperation poll, as compute
@@ -36,7 +37,12 @@ func (s *server) newOperation(set *scaleSet, now time.Time) *operation {
 	return o
 }
 
-func (s *server) opEnd(o *operation) time.Time { return o.created.Add(s.cfg.opDelay) }
+func (s *server) opEnd(o *operation) time.Time {
+	if !o.failedAt.IsZero() {
+		return o.failedAt
+	}
+	return o.created.Add(s.cfg.opDelay)
+}
 
 func (s *server) opStatus(o *operation, now time.Time) string {
 	switch {

@@ -18,6 +18,7 @@ mod admission_ha;
 mod admission_hardening;
 mod aws;
 mod aws_ha;
+mod azure;
 mod chart;
 mod controller;
 mod controlplane;

@@ -287,8 +287,7 @@ pub struct AwsCluster {
     pub uid: String,
     /// (Auto Scaling group name, ScalingGroup role).
     pub groups: Vec<(String, &'static str)>,
-    stop: CancellationToken,
-    joiner: tokio::task::JoinHandle<()>,
+    joiner: super::discovery::Joiner,
 }
 
 impl AwsCluster {
@@ -304,21 +303,16 @@ impl AwsCluster {
             groups.push((name, role));
             total += size as usize;
         }
-        let stop = CancellationToken::new();
-        let joiner = tokio::spawn(join(
-            env.client.clone(),
-            aws.clone(),
-            env.id.clone(),
-            uid.clone(),
-            Duration::from_secs(1),
-            stop.clone(),
-        ));
-        super::discovery::wait_ready_nodes(env, total, "moto's instances").await;
+        let (client, cloud, run, cluster) = (env.client.clone(), aws.clone(), env.id.clone(), uid.clone());
+        let boot = Duration::from_secs(1);
+        let joiner = super::discovery::Joiner::start(env, total, "moto's instances", move |stop| {
+            join(client, cloud, run, cluster, boot, stop)
+        })
+        .await;
         AwsCluster {
             aws,
             uid,
             groups,
-            stop,
             joiner,
         }
     }
@@ -349,8 +343,7 @@ impl AwsCluster {
 
     /// Stops the joiner.
     pub async fn stop(self) {
-        self.stop.cancel();
-        let _ = self.joiner.await;
+        self.joiner.stop().await;
     }
 }
 

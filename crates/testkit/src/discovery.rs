@@ -137,3 +137,31 @@ where
     )
     .await;
 }
+
+/// A cloud test cluster's joiner (the task playing the kubelets), running
+/// until stopped.
+pub struct Joiner {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Joiner {
+    /// Spawns `join` (given the token that stops it) and waits until the
+    /// test has `total` Ready Nodes (`what` names the instances).
+    pub async fn start<F, Fut>(env: &TestEnv, total: usize, what: &str, join: F) -> Joiner
+    where
+        F: FnOnce(tokio_util::sync::CancellationToken) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(join(stop.clone()));
+        wait_ready_nodes(env, total, what).await;
+        Joiner { stop, task }
+    }
+
+    /// Stops the joiner and waits for it.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}

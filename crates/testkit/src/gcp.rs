@@ -6,9 +6,7 @@
 //! and its Node goes when the instance does.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -24,6 +22,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::RUN_LABEL;
+use super::fake_process::FakeProcess;
 
 /// The project of the tests (the fake accepts any).
 pub const PROJECT: &str = "nodewarden-test";
@@ -32,26 +31,13 @@ pub const PROJECT_NUMBER: &str = "123456789012";
 
 /// The fake's binary: `e2e/gcefake/build.sh` builds it on first use.
 pub fn gcefake() -> &'static Path {
-    static BIN: LazyLock<PathBuf> = LazyLock::new(|| {
-        let out = Command::new(crate::repo().join("e2e/gcefake/build.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("running e2e/gcefake/build.sh");
-        assert!(out.status.success(), "e2e/gcefake/build.sh failed");
-        let dir = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string();
-        PathBuf::from(dir).join("gcefake")
-    });
+    static BIN: LazyLock<PathBuf> = LazyLock::new(|| super::fake_process::build("gcefake"));
     &BIN
 }
 
 /// A Compute fake of one test, stopped on drop.
 pub struct GceFake {
-    child: Child,
-    dir: tempfile::TempDir,
+    process: FakeProcess,
     pub endpoint: String,
 }
 
@@ -63,28 +49,11 @@ impl GceFake {
 
     /// A fake with more flags (`-require-token`, `-sa-public-key FILE`, ...).
     pub fn start_with(flags: &[&str]) -> GceFake {
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let log = dir.path().join("requests.jsonl");
-        let mut child = Command::new(gcefake())
-            .args(["-listen", "127.0.0.1:0", "-project-number", PROJECT_NUMBER])
-            .args(["-metadata-project", PROJECT, "-log"])
-            .arg(&log)
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting gcefake");
-        let stdout = child.stdout.take().expect("its stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("its first line");
-        let endpoint = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("gcefake said {line:?}"))
-            .to_string();
-        GceFake { child, dir, endpoint }
+        let mut args = vec!["-project-number", PROJECT_NUMBER, "-metadata-project", PROJECT];
+        args.extend_from_slice(flags);
+        let process = FakeProcess::start("gcefake", gcefake(), &args);
+        let endpoint = process.endpoint.clone();
+        GceFake { process, endpoint }
     }
 
     /// The fake's `host:port` (the metadata server's address).
@@ -115,32 +84,7 @@ impl GceFake {
 
     /// A control request of the fake (`/fake/...`), its answer's body.
     pub async fn control(&self, method: &str, path_and_query: &str) -> String {
-        let url = format!("{}{path_and_query}", self.endpoint);
-        let out = tokio::process::Command::new("curl")
-            .args(["-sS", "--fail-with-body", "-X", method, &url])
-            .output()
-            .await
-            .expect("running curl");
-        assert!(
-            out.status.success(),
-            "{method} {url}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for GceFake {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let kept =
-                std::env::temp_dir().join(format!("nodewarden-gcefake-requests-{}.jsonl", self.child.id()));
-            if std::fs::copy(self.dir.path().join("requests.jsonl"), &kept).is_ok() {
-                eprintln!("the Compute fake's requests, in order: {}", kept.display());
-            }
-        }
+        self.process.control(method, path_and_query).await
     }
 }
 
@@ -330,8 +274,7 @@ pub struct GcpCluster {
     pub uid: String,
     /// (group ID, its name, ScalingGroup role).
     pub groups: Vec<(String, String, &'static str)>,
-    stop: CancellationToken,
-    joiner: tokio::task::JoinHandle<()>,
+    joiner: super::discovery::Joiner,
 }
 
 impl GcpCluster {
@@ -347,22 +290,17 @@ impl GcpCluster {
             groups.push((id, name, role));
             total += size as usize;
         }
-        let stop = CancellationToken::new();
+        let (client, cloud, run, cluster) =
+            (env.client.clone(), compute.clone(), env.id.clone(), uid.clone());
         let boot = Duration::from_secs(1);
-        let joiner = tokio::spawn(join(
-            env.client.clone(),
-            compute.clone(),
-            env.id.clone(),
-            uid.clone(),
-            boot,
-            stop.clone(),
-        ));
-        super::discovery::wait_ready_nodes(env, total, "the fake's instances").await;
+        let joiner = super::discovery::Joiner::start(env, total, "the fake's instances", move |stop| {
+            join(client, cloud, run, cluster, boot, stop)
+        })
+        .await;
         GcpCluster {
             compute,
             uid,
             groups,
-            stop,
             joiner,
         }
     }
@@ -401,7 +339,6 @@ impl GcpCluster {
 
     /// Stops the joiner.
     pub async fn stop(self) {
-        self.stop.cancel();
-        let _ = self.joiner.await;
+        self.joiner.stop().await;
     }
 }

@@ -20,10 +20,12 @@
 pub mod admission;
 pub mod audit;
 pub mod aws;
+pub mod azure;
 pub mod chaos;
 pub mod chart;
 pub mod discovery;
 pub mod etcd;
+pub mod fake_process;
 pub mod gcp;
 pub mod jaeger;
 pub mod late;

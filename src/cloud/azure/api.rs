@@ -215,6 +215,13 @@ impl Arm {
             .await
     }
 
+    /// PUT `path` with a JSON body (a scale set made, in tests and tools).
+    pub async fn put(&self, path: &str, body: &serde_json::Value, what: &str) -> Result<Reply, CloudError> {
+        let body = body.to_string().into_bytes();
+        self.send(http::Method::PUT, &self.url(path), Some(body), None, what)
+            .await
+    }
+
     /// POST `path` with a JSON body.
     pub async fn post(&self, path: &str, body: &serde_json::Value, what: &str) -> Result<Reply, CloudError> {
         let body = body.to_string().into_bytes();
