@@ -19,8 +19,10 @@ use nodewarden::cloud::{CloudProvider, CreateNodeRequest, InstanceState};
 
 use crate::support::TestEnv;
 use crate::support::azure::*;
+use crate::support::discovery::{Joiner, assert_nodes_labelled, label_nodes};
 use crate::support::discovery::{create_budget_node_version, wait_discovered};
 use crate::support::rollout::*;
+use crate::support::update_samples;
 
 const OLD: &str = "/subscriptions/00000000-0000-4000-8000-000000000001/resourceGroups/images/providers/Microsoft.Compute/galleries/Constellation/images/constellation/versions/2.23.0";
 const NEW: &str = "/communityGalleries/ConstellationCVM-b3782fa0/images/constellation/versions/2.24.0";
@@ -347,4 +349,73 @@ fn missing_azure_settings_are_refused_at_start_in_one_line_naming_them() {
         assert_eq!(lines.len(), 1, "{vars:?}: one line\n{stderr}");
         assert!(lines[0].contains(named), "{}", lines[0]);
     }
+}
+
+/// Constellation's README examples for Azure (its NodeVersion and
+/// ScalingGroup, placeholders filled) applied unchanged drive a complete
+/// rollout of a VM scale set: every node replaced, each heir with its
+/// donor's labels, VMs = nodes at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_examples_roll_a_vm_scale_set() {
+    let _samples = update_samples::lock().lock().await;
+    let fake = AzureFake::start();
+    let env = TestEnv::new("azure-seed").await;
+    support::install_crds(&env.client).await;
+    let (arm, uid) = (fake.client(), env.id.clone());
+    let name = format!("{uid}-w");
+    let gallery = |version: &str| {
+        format!(
+            "/subscriptions/{SUBSCRIPTION}/resourceGroups/CONSTELLATION-IMAGES/providers/Microsoft.Compute/galleries/Constellation/images/constellation/versions/{version}"
+        )
+    };
+    create_scale_set(&arm, &uid, &name, "worker", 3, &gallery("2.23.0")).await;
+    let (client, cloud, run, cluster) = (env.client.clone(), arm.clone(), env.id.clone(), uid.clone());
+    let joiner = Joiner::start(&env, 3, "the fake's VMs", move |stop| {
+        join(
+            client,
+            cloud,
+            run,
+            cluster,
+            std::time::Duration::from_secs(1),
+            stop,
+        )
+    })
+    .await;
+    label_nodes(&env, "team.example.com/owner", "payments").await;
+
+    let image_fills = [
+        ("<subscription-id>", SUBSCRIPTION),
+        ("<image-definition-name>", "constellation"),
+        ("<image-version>", "2.23.0"),
+    ];
+    let (_, version) = update_samples::apply(&env, "update-nodeversion-4.yaml", &image_fills).await;
+    let fills = [
+        ("<subscription-id>", SUBSCRIPTION),
+        ("<resource-group>", RESOURCE_GROUP),
+        ("<scale-set-name>", name.as_str()),
+    ];
+    let (_, group) = update_samples::apply(&env, "update-scalinggroup-4.yaml", &fills).await;
+    let provider = AzureProvider::new(fake.provider_config(&uid)).expect("the azure provider");
+    let operator = env
+        .start_operator_with(Default::default(), Some(Arc::new(provider)), "operator")
+        .await;
+    let took = roll_nodes_of(&env, &version, 3, &gallery("2.24.0"), None).await;
+    println!("the seed's NodeVersion and ScalingGroup rolled 3 nodes in {took:?}");
+    assert_nodes_labelled(&env, "team.example.com/owner", "payments").await;
+    support::discovery::wait_instances_equal_nodes(&env, "the ARM fake", || async {
+        let all = vms(&arm, &uid).await?;
+        Ok(all
+            .into_iter()
+            .filter(|(_, v)| v.0 == "Succeeded")
+            .map(|(id, _)| id)
+            .collect())
+    })
+    .await;
+
+    for (kind, name) in [("ScalingGroup", &group), ("NodeVersion", &version)] {
+        update_samples::delete_and_wait(&update_samples::dynamic_api(&env.client, kind), name).await;
+    }
+    operator.stop().await;
+    joiner.stop().await;
+    env.cleanup().await;
 }

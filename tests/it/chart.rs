@@ -1,7 +1,9 @@
 //! The Helm chart `charts/nodewarden`, rendered by the pinned helm
 //! (`e2e/helm/build.sh`): `helm lint` passes; every cloud × webhook choice
-//! renders what it promises, and values the schema refuses (or an AWS setup
-//! without its region or cluster tag) are refused naming the value; every
+//! renders what it promises, and values the schema refuses (or a cloud setup
+//! without a value it requires) are refused naming the value; each cloud's
+//! identity settings (GKE Workload Identity, Azure workload identity, an
+//! Azure client secret) reach the ServiceAccount and the pod; every
 //! rendered object passes a server-side dry run against the real API server;
 //! for the choices the kustomize manifests make, the chart renders the same
 //! objects; `nodewarden run` takes every flag the chart can render; and a
@@ -28,7 +30,7 @@ use crate::support::manifests::{Applied, apply, describe, find, gvk_of, is_names
 use crate::support::replicas::{Replicas, SYSTEM_NAMESPACE, Shared, holder, replica_log_dir};
 use crate::support::{Probe, RUN_LABEL, TestEnv, wait_for};
 
-const CLOUDS: [&str; 4] = ["none", "aws", "gcp", "sim"];
+const CLOUDS: [&str; 5] = ["none", "aws", "gcp", "azure", "sim"];
 const CERTIFICATES: [&str; 3] = ["own", "cert-manager", "off"];
 
 /// API groups a cluster may lack: their objects are skipped in the dry run
@@ -50,12 +52,29 @@ fn gcp_values() -> Value {
     json!({"clusterUID": "the-cluster-uid", "project": "my-project", "keySecret": "nodewarden-gcp"})
 }
 
+/// An Azure client ID (the schema takes only GUIDs).
+const AZURE_CLIENT_ID: &str = "00000000-0000-0000-0000-0000000000c1";
+
+/// Azure's values, as a user with an app registration's secret gives them.
+fn azure_values() -> Value {
+    json!({
+        "clusterUID": "the-cluster-uid",
+        "subscription": "the-subscription",
+        "resourceGroup": "the-resource-group",
+        "tenantID": "the-tenant",
+        "clientID": AZURE_CLIENT_ID,
+        "clientSecretSecret": "nodewarden-azure",
+        "callTimeout": 20,
+    })
+}
+
 /// The values of one cloud × webhook-certificates choice.
 fn choice(cloud: &str, certificates: &str) -> Value {
     let mut values = json!({"cloud": {"provider": cloud}, "webhook": {"certificates": certificates}});
     match cloud {
         "aws" => values["cloud"]["aws"] = aws_values(),
         "gcp" => values["cloud"]["gcp"] = gcp_values(),
+        "azure" => values["cloud"]["azure"] = azure_values(),
         _ => {}
     }
     values
@@ -218,6 +237,7 @@ fn each_choice_renders_its_cloud_and_webhook_in_the_release_namespace() {
                 );
             }
             Some("gcp") => assert_gcp_rendered(&docs, c, &what),
+            Some("azure") => assert_azure_rendered(&docs, c, &what),
             _ => {
                 let data = &find(&docs, "ConfigMap", "nodewarden-aws")["data"];
                 assert_eq!(
@@ -316,6 +336,165 @@ fn assert_gcp_rendered(docs: &[Value], c: &Value, what: &str) {
         volumes.iter().any(|v| v["name"] == "upgrade-agent"),
         "{what}: the upgrade-agent relayed"
     );
+}
+
+/// The Azure choice: its ConfigMap read by the container, the client secret
+/// from its Secret, the call timeout as a flag, the upgrade-agent relayed as
+/// on AWS and GCP.
+fn assert_azure_rendered(docs: &[Value], c: &Value, what: &str) {
+    let data = &find(docs, "ConfigMap", "nodewarden-azure")["data"];
+    assert_eq!(
+        data,
+        &json!({"NODEWARDEN_CLOUD": "azure", "NODEWARDEN_AZURE_CLUSTER_UID": "the-cluster-uid",
+                "NODEWARDEN_AZURE_SUBSCRIPTION": "the-subscription",
+                "NODEWARDEN_AZURE_RESOURCE_GROUP": "the-resource-group",
+                "AZURE_TENANT_ID": "the-tenant", "AZURE_CLIENT_ID": AZURE_CLIENT_ID,
+                "NODEWARDEN_DISCOVER_SCALING_GROUPS": "constellation-version"}),
+        "{what}"
+    );
+    assert_eq!(
+        c["envFrom"],
+        json!([{"configMapRef": {"name": "nodewarden-azure"}}]),
+        "{what}"
+    );
+    assert_eq!(
+        azure_secret_env(c),
+        Some(json!({"name": "nodewarden-azure", "key": "client-secret"})),
+        "{what}"
+    );
+    let args = c["args"].as_array().expect("args");
+    assert!(
+        args.contains(&json!("--azure-call-timeout=20")),
+        "{what}: {args:?}"
+    );
+    let spec = &find(docs, "Deployment", "nodewarden")["spec"]["template"]["spec"];
+    let volumes = spec["volumes"].as_array().expect("volumes");
+    assert!(
+        volumes.iter().any(|v| v["name"] == "upgrade-agent"),
+        "{what}: the upgrade-agent relayed"
+    );
+}
+
+/// Where the container's AZURE_CLIENT_SECRET comes from (its secretKeyRef).
+fn azure_secret_env(c: &Value) -> Option<Value> {
+    c["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == "AZURE_CLIENT_SECRET")
+        .map(|e| e["valueFrom"]["secretKeyRef"].clone())
+}
+
+/// The rendered pod template's labels and the ServiceAccount's annotations.
+fn pod_labels_and_account_annotations(docs: &[Value]) -> (Value, Value) {
+    (
+        find(docs, "Deployment", "nodewarden")["spec"]["template"]["metadata"]["labels"].clone(),
+        find(docs, "ServiceAccount", "nodewarden")["metadata"]["annotations"].clone(),
+    )
+}
+
+#[test]
+fn azure_identities_reach_the_pod_and_the_service_account_when_asked() {
+    let azure = |more: Value| {
+        let mut azure = json!({"clusterUID": "uid-1", "subscription": "s", "resourceGroup": "rg"});
+        for (k, v) in more.as_object().expect("an object") {
+            azure[k] = v.clone();
+        }
+        let values = json!({"cloud": {"provider": "azure", "azure": azure},
+                            "podLabels": {"example.com/team": "nodes"}});
+        render("ops", &values)
+    };
+    let workload_label = |labels: &Value| labels.get("azure.workload.identity/use").cloned();
+
+    // The node's managed identity (user-assigned: its client ID): nothing
+    // but the settings.
+    let managed = azure(json!({"clientID": AZURE_CLIENT_ID}));
+    let (labels, annotations) = pod_labels_and_account_annotations(&managed);
+    assert_eq!(workload_label(&labels), None, "{labels}");
+    assert!(annotations.is_null(), "{annotations}");
+    assert_eq!(azure_secret_env(container(&managed, "nodewarden")), None);
+    let data = &find(&managed, "ConfigMap", "nodewarden-azure")["data"];
+    assert_eq!(data["AZURE_CLIENT_ID"], AZURE_CLIENT_ID, "{data}");
+    assert!(data.get("AZURE_TENANT_ID").is_none(), "{data}");
+
+    // Workload identity: the label the webhook looks for, beside the user's,
+    // and the identity named on the ServiceAccount.
+    let workload = azure(json!({"workloadIdentity": true, "clientID": AZURE_CLIENT_ID,
+                                "tenantID": "the-tenant", "endpoint": "http://127.0.0.1:8443",
+                                "callTimeout": 2.5}));
+    let (labels, annotations) = pod_labels_and_account_annotations(&workload);
+    assert_eq!(
+        labels,
+        json!({"app.kubernetes.io/name": "nodewarden", "app.kubernetes.io/instance": "nodewarden",
+               "azure.workload.identity/use": "true", "example.com/team": "nodes"})
+    );
+    assert_eq!(
+        annotations,
+        json!({"azure.workload.identity/client-id": AZURE_CLIENT_ID,
+               "azure.workload.identity/tenant-id": "the-tenant"})
+    );
+    assert_eq!(azure_secret_env(container(&workload, "nodewarden")), None);
+    let args = args(&workload);
+    for flag in [
+        "--azure-endpoint=http://127.0.0.1:8443",
+        "--azure-call-timeout=2.5",
+    ] {
+        assert!(args.iter().any(|a| a == flag), "{flag}: {args:?}");
+    }
+
+    // An app registration's secret: from the key client-secret of its Secret.
+    let secret = azure(
+        json!({"clientSecretSecret": "azure-app", "clientID": AZURE_CLIENT_ID,
+                              "tenantID": "the-tenant"}),
+    );
+    assert_eq!(
+        azure_secret_env(container(&secret, "nodewarden")),
+        Some(json!({"name": "azure-app", "key": "client-secret"}))
+    );
+    let (labels, annotations) = pod_labels_and_account_annotations(&secret);
+    assert_eq!(workload_label(&labels), None, "{labels}");
+    assert!(annotations.is_null(), "{annotations}");
+
+    // Another cloud's release ignores the Azure values.
+    let aws = render(
+        "ops",
+        &json!({"cloud": {"provider": "aws", "aws": aws_values(),
+                          "azure": {"workloadIdentity": true, "clientID": AZURE_CLIENT_ID,
+                                    "clientSecretSecret": "azure-app"}}}),
+    );
+    let (labels, annotations) = pod_labels_and_account_annotations(&aws);
+    assert_eq!(workload_label(&labels), None, "{labels}");
+    assert!(
+        annotations.get("azure.workload.identity/client-id").is_none(),
+        "{annotations}"
+    );
+    assert_eq!(azure_secret_env(container(&aws, "nodewarden")), None);
+}
+
+#[test]
+fn gcp_workload_identity_annotates_the_service_account() {
+    let account = "nodewarden@my-project.iam.gserviceaccount.com";
+    let annotations = |values: Value| pod_labels_and_account_annotations(&render("ops", &values)).1;
+    let gcp = |service_account: &str| json!({"cloud": {"provider": "gcp", "gcp": {"clusterUID": "uid-1", "serviceAccount": service_account}}});
+    assert_eq!(
+        annotations(gcp(account)),
+        json!({"iam.gke.io/gcp-service-account": account})
+    );
+    assert!(
+        annotations(gcp("")).is_null(),
+        "no Workload Identity, no annotation"
+    );
+    // Beside the user's own annotations.
+    let mut values = gcp(account);
+    values["serviceAccount"] = json!({"annotations": {"example.com/owner": "platform"}});
+    assert_eq!(
+        annotations(values),
+        json!({"example.com/owner": "platform", "iam.gke.io/gcp-service-account": account})
+    );
+    // Another cloud's release ignores it.
+    let aws = json!({"cloud": {"provider": "aws", "aws": aws_values(),
+                               "gcp": {"serviceAccount": account}}});
+    let aws = annotations(aws);
+    assert!(aws.get("iam.gke.io/gcp-service-account").is_none(), "{aws}");
 }
 
 #[test]
@@ -479,10 +658,21 @@ fn etcd_on_control_plane_takes_the_boolean_that_set_gives() {
 #[test]
 fn the_schema_refuses_bad_values_naming_them() {
     let bad = [
-        (json!({"cloud": {"provider": "azure"}}), "at '/cloud/provider'"),
+        (
+            json!({"cloud": {"provider": "openstack"}}),
+            "at '/cloud/provider'",
+        ),
         (
             json!({"cloud": {"gcp": {"serviceAccount": "nodewarden"}}}),
             "at '/cloud/gcp/serviceAccount'",
+        ),
+        (
+            json!({"cloud": {"azure": {"clientID": "nodewarden"}}}),
+            "at '/cloud/azure/clientID'",
+        ),
+        (
+            json!({"cloud": {"azure": {"workloadIdentity": "yes"}}}),
+            "at '/cloud/azure/workloadIdentity'",
         ),
         (
             json!({"webhook": {"certificates": "self-signed"}}),
@@ -543,6 +733,7 @@ fn the_schema_refuses_bad_values_naming_them() {
 #[test]
 fn a_missing_required_value_is_refused_naming_it() {
     let aws = |region: &str, uid: &str| json!({"cloud": {"provider": "aws", "aws": {"region": region, "clusterUID": uid}}});
+    let azure = |azure: Value| json!({"cloud": {"provider": "azure", "azure": azure}});
     let missing = [
         (
             aws("eu-west-1", ""),
@@ -552,6 +743,32 @@ fn a_missing_required_value_is_refused_naming_it() {
         (
             json!({"cloud": {"provider": "gcp"}}),
             "cloud.gcp.clusterUID is required: the value of the instance templates' constellation-uid label",
+        ),
+        (
+            azure(json!({"subscription": "s", "resourceGroup": "rg"})),
+            "cloud.azure.clusterUID is required: the value of the scale sets' constellation-uid tag",
+        ),
+        (
+            azure(json!({"clusterUID": "uid-1", "resourceGroup": "rg"})),
+            "cloud.azure.subscription is required: the subscription of the cluster's scale sets",
+        ),
+        (
+            azure(json!({"clusterUID": "uid-1", "subscription": "s"})),
+            "cloud.azure.resourceGroup is required: the resource group of the cluster's scale sets",
+        ),
+        (
+            azure(
+                json!({"clusterUID": "uid-1", "subscription": "s", "resourceGroup": "rg",
+                         "workloadIdentity": true}),
+            ),
+            "cloud.azure.clientID is required with cloud.azure.workloadIdentity",
+        ),
+        (
+            azure(
+                json!({"clusterUID": "uid-1", "subscription": "s", "resourceGroup": "rg",
+                         "clientSecretSecret": "azure-app", "clientID": AZURE_CLIENT_ID}),
+            ),
+            "cloud.azure.tenantID is required with cloud.azure.clientSecretSecret",
         ),
         (
             json!({"networkPolicy": {"enabled": true}}),
@@ -915,6 +1132,12 @@ fn the_charts_copies_and_monitoring_objects_are_the_repositorys() {
 fn nodewarden_run_takes_every_flag_the_chart_renders() {
     let mut sets = choices();
     sets.push(("everything".into(), everything("node-leases")));
+    let mut azure = azure_values();
+    azure["endpoint"] = json!("http://127.0.0.1:8443");
+    sets.push((
+        "azure with its endpoint".into(),
+        json!({"cloud": {"provider": "azure", "azure": azure}}),
+    ));
     for (what, values) in sets {
         let docs = render(SYSTEM_NAMESPACE, &values);
         let args = args(&docs);

@@ -18,9 +18,11 @@ use nodewarden::cloud::gcp::{GcpConfig, GcpProvider};
 use nodewarden::cloud::{CloudProvider, CreateNodeRequest, InstanceState};
 
 use crate::support::TestEnv;
+use crate::support::discovery::{Joiner, assert_nodes_labelled, label_nodes};
 use crate::support::discovery::{create_budget_node_version, wait_discovered};
 use crate::support::gcp::*;
 use crate::support::rollout::*;
+use crate::support::update_samples;
 
 const OLD: &str = "projects/constellation-images/global/images/constellation-v2-23-0";
 const NEW: &str = "projects/constellation-images/global/images/constellation-v2-24-0";
@@ -307,4 +309,70 @@ fn a_missing_gcp_cluster_uid_is_refused_at_start_in_one_line_naming_it() {
         assert_eq!(lines.len(), 1, "{value:?}: one line\n{stderr}");
         assert!(lines[0].contains("NODEWARDEN_GCP_CLUSTER_UID"), "{}", lines[0]);
     }
+}
+
+/// Constellation's README examples for GCP (its NodeVersion and
+/// ScalingGroup, placeholders filled) applied unchanged drive a complete
+/// rollout of a managed instance group: every node replaced, each heir with
+/// its donor's labels, instances = nodes at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_examples_roll_a_managed_instance_group() {
+    let _samples = update_samples::lock().lock().await;
+    let fake = GceFake::start();
+    let env = TestEnv::new("gcp-seed").await;
+    support::install_crds(&env.client).await;
+    let (compute, uid, zone) = (fake.client(), env.id.clone(), "europe-west3-c");
+    let name = format!("{uid}-w");
+    create_group(&compute, &uid, zone, &name, "worker", 3, OLD).await;
+    let (client, cloud, run, cluster) = (env.client.clone(), compute.clone(), env.id.clone(), uid.clone());
+    let joiner = Joiner::start(&env, 3, "the fake's instances", move |stop| {
+        join(
+            client,
+            cloud,
+            run,
+            cluster,
+            std::time::Duration::from_secs(1),
+            stop,
+        )
+    })
+    .await;
+    label_nodes(&env, "team.example.com/owner", "payments").await;
+
+    let (_, version) = update_samples::apply(
+        &env,
+        "update-nodeversion-3.yaml",
+        &[("<image-name>", "constellation-v2-23-0")],
+    )
+    .await;
+    let fills = [
+        ("<project-id>", PROJECT),
+        ("<zone>", zone),
+        ("<instance-group-name>", name.as_str()),
+    ];
+    let (_, group) = update_samples::apply(&env, "update-scalinggroup-3.yaml", &fills).await;
+    let provider = GcpProvider::new(fake.provider_config(&uid))
+        .await
+        .expect("the gcp provider");
+    let operator = env
+        .start_operator_with(Default::default(), Some(Arc::new(provider)), "operator")
+        .await;
+    let took = roll_nodes_of(&env, &version, 3, NEW, None).await;
+    println!("the seed's NodeVersion and ScalingGroup rolled 3 nodes in {took:?}");
+    assert_nodes_labelled(&env, "team.example.com/owner", "payments").await;
+    support::discovery::wait_instances_equal_nodes(&env, "the Compute fake", || async {
+        let all = instances(&compute, &uid).await?;
+        Ok(all
+            .into_iter()
+            .filter(|(_, v)| v.0 == "RUNNING")
+            .map(|(id, _)| id)
+            .collect())
+    })
+    .await;
+
+    for (kind, name) in [("ScalingGroup", &group), ("NodeVersion", &version)] {
+        update_samples::delete_and_wait(&update_samples::dynamic_api(&env.client, kind), name).await;
+    }
+    operator.stop().await;
+    joiner.stop().await;
+    env.cleanup().await;
 }

@@ -9,9 +9,10 @@ use std::fmt::Debug;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::support::{Probe, RUN_LABEL, TestEnv, seen, wait_for};
+use crate::support::update_samples::{self, delete_and_wait, dynamic_api};
+use crate::support::{RUN_LABEL, TestEnv};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::ClusterResourceScope;
 use kube::{Client, Resource, ResourceExt};
 use nodewarden::api::update::{
@@ -22,7 +23,6 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 const GROUP: &str = "update.edgeless.systems";
-const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Every `manifests/samples/update-*.yaml`, sorted.
 fn update_samples() -> Vec<PathBuf> {
@@ -40,19 +40,6 @@ fn update_samples() -> Vec<PathBuf> {
     files
 }
 
-/// The dynamic API of one of the group's kinds.
-fn dynamic_api(client: &Client, kind: &str) -> Api<DynamicObject> {
-    let ar = match kind {
-        "NodeVersion" => ApiResource::erase::<NodeVersion>(&()),
-        "ScalingGroup" => ApiResource::erase::<ScalingGroup>(&()),
-        "PendingNode" => ApiResource::erase::<PendingNode>(&()),
-        "AutoscalingStrategy" => ApiResource::erase::<AutoscalingStrategy>(&()),
-        "JoiningNode" => ApiResource::erase::<JoiningNode>(&()),
-        other => panic!("kind {other} is not in {GROUP}"),
-    };
-    Api::all_with(client.clone(), &ar)
-}
-
 /// The sample parses as the typed object, and the stored object reads back as one.
 async fn typed_round_trip<K>(client: &Client, text: &str, name: &str)
 where
@@ -66,20 +53,9 @@ where
         .unwrap_or_else(|e| panic!("{name} reads back as the typed object: {e}"));
 }
 
-async fn delete_and_wait(api: &Api<DynamicObject>, name: &str) {
-    let _ = api.delete(name, &DeleteParams::default()).await;
-    wait_for(&format!("{name} to be gone"), TIMEOUT, || async {
-        match api.get_opt(name).await {
-            Ok(None) => Probe::Done(()),
-            Ok(Some(_)) => Probe::NotYet("still there".into()),
-            Err(e) => Probe::NotYet(seen(e)),
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_seed_example_applies_unchanged() {
+    let _samples = update_samples::lock().lock().await;
     let env = TestEnv::new("update-samples").await;
     support::install_crds(&env.client).await;
     let files = update_samples();

@@ -165,3 +165,41 @@ impl Joiner {
         let _ = self.task.await;
     }
 }
+
+/// Puts `key=value` on every Node of the test.
+pub async fn label_nodes(env: &TestEnv, key: &str, value: &str) {
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let listed = nodes
+        .list(&ListParams::default().labels(&env.run_selector()))
+        .await
+        .expect("the nodes");
+    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+    for node in listed.items {
+        nodes
+            .patch(
+                &node.name_any(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .expect("labelling a node");
+    }
+}
+
+/// Every Node of the test carries `key=value` (an heir inherits its donor's labels).
+pub async fn assert_nodes_labelled(env: &TestEnv, key: &str, value: &str) {
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let listed = nodes
+        .list(&ListParams::default().labels(&env.run_selector()))
+        .await
+        .expect("the nodes");
+    assert!(!listed.items.is_empty(), "no nodes");
+    for node in &listed.items {
+        assert_eq!(
+            node.labels().get(key).map(String::as_str),
+            Some(value),
+            "node {} inherited {key}",
+            node.name_any()
+        );
+    }
+}

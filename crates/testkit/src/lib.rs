@@ -40,6 +40,7 @@ pub mod replicas;
 pub mod rollout;
 pub mod sim;
 pub mod sip;
+pub mod update_samples;
 pub mod upgrade_agent;
 
 mod cluster;

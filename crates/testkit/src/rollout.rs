@@ -517,6 +517,17 @@ pub async fn roll(r: &Rollout, image: &str, surge: usize) -> Duration {
 
 /// Sets the image (and the surge, if given), then waits until all `total` nodes run it.
 pub async fn roll_nodes(env: &TestEnv, total: usize, image: &str, surge: Option<usize>) -> Duration {
+    roll_nodes_of(env, &env.name("version"), total, image, surge).await
+}
+
+/// As [`roll_nodes`], of the NodeVersion named `version`.
+pub async fn roll_nodes_of(
+    env: &TestEnv,
+    version: &str,
+    total: usize,
+    image: &str,
+    surge: Option<usize>,
+) -> Duration {
     // Watched, not polled: the end is seen as its last event arrives, so a
     // bench's clock is not rounded up to a polling period, and the API
     // server is not kept busy serialising node lists meanwhile.
@@ -547,13 +558,9 @@ pub async fn roll_nodes(env: &TestEnv, total: usize, image: &str, surge: Option<
         None => json!({"spec": {"image": image}}),
     };
     let start = Instant::now();
-    api.patch(
-        &env.name("version"),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .expect("new image");
+    api.patch(version, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("new image");
     let timeout = Duration::from_secs(240);
     loop {
         let nodes = store.list();
