@@ -55,7 +55,7 @@ test: lint-sources test-build check-crds
     # times, which a loaded machine can reverse. A new module with a time
     # bound is added here.
     timed=(leader_election:: handover:: controller:: admission_ha:: admission_hardening::
-      aws_ha:: plans_ha:: sip_ha:: production:: late_writes:: event_filtering:: reflector::)
+      aws_ha:: cloud_ha:: plans_ha:: sip_ha:: production:: late_writes:: event_filtering:: reflector::)
     # The filters name modules of tests/it only: every other target (unit
     # tests, the chaos runs, the benches' quick mode) runs apart from them,
     # one binary after another (the chaos runs restart kube-apiserver).

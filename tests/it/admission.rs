@@ -128,6 +128,8 @@ async fn operator_with_webhook(env: &TestEnv) -> (RunningOperator, String) {
     config.admission = Some(admission_config(env, port, &configuration));
     let operator = env.start_operator_from(config).await;
     wait_ca_bundle(env, &configuration).await;
+    let probe = maintenance(env, "probe", &env.name("no-such-node"));
+    wait_webhook_answers(&Api::all(env.client.clone()), &probe).await;
     (operator, configuration)
 }
 

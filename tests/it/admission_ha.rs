@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::admission::*;
 use crate::support::replicas::*;
-use crate::support::{Probe, TestEnv, wait_for};
+use crate::support::TestEnv;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -52,18 +52,6 @@ async fn serving(env: &TestEnv, count: usize, lease_name: &str) -> (Replicas, Ba
     (replicas, balancer)
 }
 
-/// Waits until creating `nm` (for a node that does not exist) gets the
-/// webhook's own verdict.
-async fn webhook_answers(nms: &Api<medik8s::NodeMaintenance>, nm: &medik8s::NodeMaintenance) {
-    wait_for("the webhook answering", Duration::from_secs(30), || async {
-        match create(nms, nm).await {
-            Err(m) if m.contains("invalid nodeName") => Probe::Done(()),
-            other => Probe::NotYet(format!("{other:?}")),
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standbys_keep_answering_admission_while_the_leader_is_killed() {
     let _held = CONFIGURATION_HELD.lock().await;
@@ -80,7 +68,7 @@ async fn standbys_keep_answering_admission_while_the_leader_is_killed() {
         n += 1;
         maintenance(&env, &format!("m-{n}"), &missing)
     };
-    webhook_answers(&nms, &next()).await;
+    wait_webhook_answers(&nms, &next()).await;
 
     let leader = holder(&leases, &lease_name).await.expect("a leader");
     let mut replicas = replicas;
@@ -285,7 +273,7 @@ async fn standbys_fill_an_emptied_ca_bundle_without_a_leader() {
 
     let nms: Api<medik8s::NodeMaintenance> = Api::all(env.client.clone());
     let missing = env.name("no-such-node");
-    webhook_answers(&nms, &maintenance(&env, "m", &missing)).await;
+    wait_webhook_answers(&nms, &maintenance(&env, "m", &missing)).await;
     delete_configuration(&env, CONFIGURATION).await;
     let _ = leases.delete(&lease_name, &DeleteParams::default()).await;
     drop(replicas);

@@ -13,17 +13,16 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::aws::*;
+use crate::support::cloud_chaos::spawn_faults;
 use crate::support::manifests::{find, generated_config_map, kustomize, shipped_container};
 use crate::support::replicas::*;
 use crate::support::rollout::*;
 use crate::support::{Probe, TestEnv, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use nodewarden::api::update::{NodeVersion, PendingNode, condition, reason};
 use serde_json::Value;
 
@@ -147,91 +146,20 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
 
     let checker = Checker::start(&env, 9, 2);
     let replicas = Arc::new(tokio::sync::Mutex::new(replicas));
-    let faults = {
-        let (replicas, leases, lease_name, env_client, selector, nv) = (
-            replicas.clone(),
-            leases.clone(),
-            lease_name.clone(),
-            env.client.clone(),
-            env.run_selector(),
-            env.name("version"),
-        );
-        let moto_pid = moto.pid();
-        tokio::spawn(async move {
-            let nodes: Api<Node> = Api::all(env_client.clone());
-            let pending: Api<PendingNode> = Api::all(env_client.clone());
-            let versions: Api<NodeVersion> = Api::all(env_client);
-            let on_new = |want: usize| {
-                let (nodes, pending, selector) = (nodes.clone(), pending.clone(), selector.clone());
-                async move {
-                    loop {
-                        let list = nodes.list(&ListParams::default().labels(&selector)).await;
-                        let joining = pending.list(&ListParams::default().labels(&selector)).await;
-                        if let (Ok(list), Ok(joining)) = (list, joining)
-                            && list
-                                .items
-                                .iter()
-                                .filter(|n| runs_image(n, "ami-00000002"))
-                                .count()
-                                >= want
-                            && joining.items.iter().any(|p| p.name_any().starts_with("join-"))
-                        {
-                            return;
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            };
-            // The leader SIGKILLed while an instance is on its way.
-            on_new(2).await;
-            let leader = holder(&leases, &lease_name).await.expect("a leader");
-            let killed = Instant::now();
-            replicas.lock().await.kill(&leader).await;
-            let (next, took) = wait_for_new_leader(&leases, &lease_name, &leader, killed).await;
-            replicas.lock().await.restart(&leader);
-            println!("SIGKILL of leader {leader}: {next} took over after {took:?}");
-
-            // moto paused (SIGSTOP) for 15 s while instances are on their way.
-            // A read gives up after three attempts of 3 s each: a pass whose
-            // first call is a read says Degraded about 9.5 s after it began,
-            // and with a 10 s pause CI once saw that land after the resume.
-            on_new(5).await;
-            signal(moto_pid, "-STOP");
-            let paused = Instant::now();
-            let mut degraded = None;
-            let mut errors = 0.0;
-            while paused.elapsed() < Duration::from_secs(15) {
-                if degraded.is_none()
-                    && let Ok(nv) = versions.get(&nv).await
-                {
-                    degraded = nv
-                        .status
-                        .unwrap_or_default()
-                        .rollout_conditions
-                        .into_iter()
-                        .find(|c| {
-                            c.type_ == condition::DEGRADED
-                                && c.status == "True"
-                                && c.reason == reason::CLOUD_ERROR
-                        })
-                        .map(|c| c.message);
-                }
-                if let Some(leader) = holder(&leases, &lease_name).await
-                    && let Ok(scraped) = replicas.lock().await.scrape().await
-                    && let Some(text) = scraped.get(&leader)
-                {
-                    errors = cloud_errors(text);
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            signal(moto_pid, "-CONT");
-            println!("moto paused 15 s: Degraded {degraded:?}; {errors} cloud errors counted by the leader");
-            (degraded, errors)
-        })
-    };
-
+    // moto paused (SIGSTOP) for 15 s while instances are on their way. A
+    // read gives up after three attempts of 3 s each: a pass whose first
+    // call is a read says Degraded about 9.5 s after it began, and with a
+    // 10 s pause CI once saw that land after the resume.
+    let faults = spawn_faults(
+        &env,
+        replicas.clone(),
+        &lease_name,
+        "ami-00000002",
+        moto.pid(),
+        Duration::from_secs(15),
+    );
     let took = roll_nodes(&env, 9, "ami-00000002", None).await;
-    let (degraded, errors) = faults.await.expect("the fault task");
+    let seen = faults.await.expect("the fault task");
     let found = checker.finish().await;
     let replicas = Arc::try_unwrap(replicas)
         .ok()
@@ -243,12 +171,12 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
         replicas.tail_logs()
     );
     assert!(
-        degraded.is_some(),
+        seen.degraded.is_some(),
         "the NodeVersion said Degraded=True CloudError while moto was paused\n{}",
         replicas.tail_logs()
     );
     assert!(
-        errors > 0.0,
+        seen.cloud_errors > 0.0,
         "the leader counted cloud errors while moto was paused"
     );
     println!(
@@ -271,20 +199,4 @@ async fn the_shipped_aws_deployment_rolls_through_a_leader_kill_and_a_cloud_outa
     drop(replicas);
     cluster.stop().await;
     env.cleanup().await;
-}
-
-/// The sum of `nodewarden_cloud_errors_total` over its series in a /metrics text.
-fn cloud_errors(text: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with("nodewarden_cloud_errors_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("running kill");
-    assert!(status.success(), "kill {signal} {pid}");
 }

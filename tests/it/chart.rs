@@ -1272,7 +1272,9 @@ pub(crate) async fn run_as_rendered(env: &TestEnv, name: &str, docs: &[Value]) {
     // it), and a review of a NodeMaintenance answered by the replica.
     support::admission::wait_ca_bundle(env, name).await;
     let nm = support::admission::maintenance(env, "missing-node", "no-such-node");
-    let refused = support::admission::create(&Api::all(env.client.clone()), &nm).await;
+    let nms = Api::all(env.client.clone());
+    support::admission::wait_webhook_answers(&nms, &nm).await;
+    let refused = support::admission::create(&nms, &nm).await;
     assert!(
         refused
             .as_ref()

@@ -28,6 +28,10 @@ The container's args: `nodewarden run` with the flags the values ask for
 {{- include "nodewarden.flag" (list "gcp-endpoint" $v.cloud.gcp.endpoint) }}
 {{- include "nodewarden.flag" (list "gcp-call-timeout" $v.cloud.gcp.callTimeout) }}
 {{- end }}
+{{- if eq $v.cloud.provider "azure" }}
+{{- include "nodewarden.flag" (list "azure-endpoint" $v.cloud.azure.endpoint) }}
+{{- include "nodewarden.flag" (list "azure-call-timeout" $v.cloud.azure.callTimeout) }}
+{{- end }}
 {{- if ne $v.cloud.provider "none" }}
 {{- include "nodewarden.flag" (list "cloud-qps" $v.cloud.qps) }}
 {{- include "nodewarden.flag" (list "cloud-burst" $v.cloud.burst) }}

@@ -101,7 +101,7 @@ webhook.etcdOnControlPlane; "true" and "false" also as booleans (what
 {{/* Whether Constellation's upgrade-agent socket is relayed into the pod. */}}
 {{- define "nodewarden.upgradeAgent" -}}
 {{- $a := .Values.upgradeAgent -}}
-{{- if or (eq (toString $a.enabled) "true") (and (eq (toString $a.enabled) "auto") (has .Values.cloud.provider (list "aws" "gcp"))) }}true{{ end -}}
+{{- if or (eq (toString $a.enabled) "true") (and (eq (toString $a.enabled) "auto") (has .Values.cloud.provider (list "aws" "gcp" "azure"))) }}true{{ end -}}
 {{- end -}}
 
 {{/* Where the GCP service account's key Secret is mounted. */}}

@@ -37,6 +37,24 @@ where
     }
 }
 
+/// Waits until creating `nm` (for a node that does not exist) gets the
+/// webhook's own verdict. The API server reads webhook configurations
+/// through an informer: for a moment after the caBundle is set it may still
+/// call with the old one (a TLS failure) or not at all.
+pub async fn wait_webhook_answers(
+    nms: &Api<nodewarden::api::node_maintenance::medik8s::NodeMaintenance>,
+    nm: &nodewarden::api::node_maintenance::medik8s::NodeMaintenance,
+) {
+    wait_for("the webhook answering", Duration::from_secs(30), || async {
+        match create(nms, nm).await {
+            Err(m) if m.contains("invalid nodeName") => Probe::Done(()),
+            Ok(()) => panic!("a maintenance of a missing node was admitted"),
+            other => Probe::NotYet(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
 /// A free loopback port (bound and released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -28,8 +28,8 @@ use super::fake_process::FakeProcess;
 pub const SUBSCRIPTION: &str = "00000000-0000-4000-8000-000000000001";
 /// Their resource group.
 pub const RESOURCE_GROUP: &str = "nodewarden-test";
-/// The secret the fake is started to accept.
-const SECRET: &str = "test-secret";
+/// The client secret the fake is started to accept.
+pub const SECRET: &str = "test-secret";
 
 /// The fake's binary: `e2e/azurefake/build.sh` builds it on first use.
 pub fn azurefake() -> &'static Path {
@@ -96,6 +96,11 @@ impl AzureFake {
     /// A control request of the fake (`/fake/...`), its answer's body.
     pub async fn control(&self, method: &str, path_and_query: &str) -> String {
         self.process.control(method, path_and_query).await
+    }
+
+    /// Its process ID (to pause it: a cloud that stops answering).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
     }
 }
 

@@ -69,6 +69,11 @@ impl FakeProcess {
         }
     }
 
+    /// Its process ID (to pause it: a cloud that stops answering).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A control request of the fake (`/fake/...`), its answer's body.
     pub async fn control(&self, method: &str, path_and_query: &str) -> String {
         let url = format!("{}{path_and_query}", self.endpoint);

@@ -86,6 +86,11 @@ impl GceFake {
     pub async fn control(&self, method: &str, path_and_query: &str) -> String {
         self.process.control(method, path_and_query).await
     }
+
+    /// Its process ID (to pause it: a cloud that stops answering).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
 }
 
 /// Waits for a setup operation and fails the test on its errors.

@@ -23,6 +23,7 @@ pub mod aws;
 pub mod azure;
 pub mod chaos;
 pub mod chart;
+pub mod cloud_chaos;
 pub mod discovery;
 pub mod etcd;
 pub mod fake_process;

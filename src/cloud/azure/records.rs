@@ -4,10 +4,15 @@
 //! PATCH that raises the capacity: `nodewarden-create-<key>` =
 //! `pending:<seq>:<highest instance ID before>:<unix time>`. The first new
 //! VM above that ID, in the order the creates were made, is the create's;
-//! once seen it is claimed (`vm:<instance ID>`). A create asked again after
+//! once seen it is claimed (`vm:<instance ID>:<unix time>`). A create asked again after
 //! a lost answer finds its record and raises nothing; two creates at once
 //! are serialized by the etag (`If-Match`), as is a create against a
 //! delete: no capacity change computed from a stale read can land.
+//!
+//! ARM allows 50 tags on a resource, so records do not outlive their use: a
+//! claim goes when its VM does or after [`CLAIM_KEEP_SECS`] (its create has
+//! long returned: a PendingNode's join times out well before), and beyond
+//! [`MAX_RECORDS`] the oldest claims go first.
 //!
 //! Everything here is pure: tags and instance IDs in, tags out.
 
@@ -20,6 +25,11 @@ pub const SEQUENCE: &str = "nodewarden-create-seq";
 /// How long a pending create may wait for its VM before it is given up
 /// (a scale-out the scale set never carried out, e.g. for quota).
 pub const PENDING_LIMIT_SECS: u64 = 15 * 60;
+/// How long a claim is kept for a create asked again.
+pub const CLAIM_KEEP_SECS: u64 = 30 * 60;
+/// The most create records a scale set's tags hold (ARM allows 50 tags;
+/// the cluster's own take three, the sequence one).
+pub const MAX_RECORDS: usize = 40;
 
 /// One create's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,15 +43,23 @@ pub enum Record {
         /// When it was made (unix seconds).
         since: u64,
     },
-    /// Its VM.
-    Claimed(u64),
+    /// Its VM, claimed at `since` (unix seconds).
+    Claimed {
+        /// The VM's instance ID.
+        id: u64,
+        /// When it was claimed.
+        since: u64,
+    },
 }
 
 impl Record {
     fn parse(value: &str) -> Option<Record> {
         let parts: Vec<&str> = value.split(':').collect();
         match parts.as_slice() {
-            ["vm", id] => Some(Record::Claimed(id.parse().ok()?)),
+            ["vm", id, since] => Some(Record::Claimed {
+                id: id.parse().ok()?,
+                since: since.parse().ok()?,
+            }),
             ["pending", seq, after, since] => Some(Record::Pending {
                 seq: seq.parse().ok()?,
                 after: after.parse().ok()?,
@@ -54,7 +72,7 @@ impl Record {
     fn value(&self) -> String {
         match self {
             Record::Pending { seq, after, since } => format!("pending:{seq}:{after}:{since}"),
-            Record::Claimed(id) => format!("vm:{id}"),
+            Record::Claimed { id, since } => format!("vm:{id}:{since}"),
         }
     }
 }
@@ -96,19 +114,21 @@ pub enum Step {
 pub fn next_step(key: &str, tags: &BTreeMap<String, String>, vms: &[u64], now: u64) -> Step {
     let name = tag_name(key);
     let mut records = records(tags);
-    // Claims whose VM is gone, and creates never carried out, are dropped.
+    // Claims whose VM is gone or whose create has long returned, and
+    // creates never carried out, are dropped.
     records.retain(|_, r| match r {
-        Record::Claimed(id) => vms.contains(id),
+        Record::Claimed { id, since } => vms.contains(id) && now.saturating_sub(*since) < CLAIM_KEEP_SECS,
         Record::Pending { since, .. } => now.saturating_sub(*since) < PENDING_LIMIT_SECS,
     });
     let claims = assign(&records, vms);
     for (tag, id) in &claims {
-        records.insert(tag.clone(), Record::Claimed(*id));
+        records.insert(tag.clone(), Record::Claimed { id: *id, since: now });
     }
+    drop_oldest_claims(&mut records, MAX_RECORDS - 1);
     let changed = with_records(tags, &records) != *tags;
     match records.get(&name) {
-        Some(Record::Claimed(id)) if !changed => Step::Done(*id),
-        Some(Record::Claimed(id)) => Step::WriteTags {
+        Some(Record::Claimed { id, .. }) if !changed => Step::Done(*id),
+        Some(Record::Claimed { id, .. }) => Step::WriteTags {
             tags: with_records(tags, &records),
             claimed: Some(*id),
         },
@@ -161,10 +181,27 @@ fn with_records(
     out
 }
 
+/// Drops the oldest claims until at most `keep` records are left (pending
+/// creates are never dropped: their VMs are still to be found).
+fn drop_oldest_claims(records: &mut BTreeMap<String, Record>, keep: usize) {
+    let mut claims: Vec<(u64, String)> = records
+        .iter()
+        .filter_map(|(k, r)| match r {
+            Record::Claimed { since, .. } => Some((*since, k.clone())),
+            Record::Pending { .. } => None,
+        })
+        .collect();
+    claims.sort();
+    let excess = records.len().saturating_sub(keep);
+    for (_, tag) in claims.into_iter().take(excess) {
+        records.remove(&tag);
+    }
+}
+
 /// The highest instance ID seen or recorded: a new create's VM is above it.
 fn highest(records: &BTreeMap<String, Record>, vms: &[u64]) -> u64 {
     let recorded = records.values().map(|r| match r {
-        Record::Claimed(id) => *id,
+        Record::Claimed { id, .. } => *id,
         Record::Pending { after, .. } => *after,
     });
     vms.iter().copied().chain(recorded).max().unwrap_or(0)
@@ -177,7 +214,7 @@ fn assign(records: &BTreeMap<String, Record>, vms: &[u64]) -> Vec<(String, u64)>
     let mut taken: Vec<u64> = records
         .values()
         .filter_map(|r| match r {
-            Record::Claimed(id) => Some(*id),
+            Record::Claimed { id, .. } => Some(*id),
             Record::Pending { .. } => None,
         })
         .collect();
@@ -185,7 +222,7 @@ fn assign(records: &BTreeMap<String, Record>, vms: &[u64]) -> Vec<(String, u64)>
         .iter()
         .filter_map(|(k, r)| match r {
             Record::Pending { seq, after, .. } => Some((*seq, *after, k)),
-            Record::Claimed(_) => None,
+            Record::Claimed { .. } => None,
         })
         .collect();
     pending.sort();
@@ -243,7 +280,7 @@ mod tests {
         };
         assert_eq!(
             claimed.get("nodewarden-create-a").map(String::as_str),
-            Some("vm:5")
+            Some("vm:5:1009")
         );
         assert_eq!(next_step("a", &claimed, &[3, 4, 5], now + 10), Step::Done(5));
         // Its VM deleted: the record goes with the next create's write, and
@@ -275,7 +312,10 @@ mod tests {
         else {
             panic!("a's claim written by b's create");
         };
-        assert_eq!(one.get("nodewarden-create-a").map(String::as_str), Some("vm:5"));
+        assert_eq!(
+            one.get("nodewarden-create-a").map(String::as_str),
+            Some("vm:5:110")
+        );
         assert_eq!(next_step("a", &one, &[4, 5], 111), Step::Done(5));
         let Step::WriteTags { claimed: Some(6), .. } = next_step("b", &one, &[4, 5, 6], 112) else {
             panic!("b's VM");
@@ -311,6 +351,35 @@ mod tests {
             Some("garbage")
         );
         assert_eq!(kept.get("constellation-uid").map(String::as_str), Some("u"));
+    }
+
+    #[test]
+    fn claims_do_not_outlive_their_use_nor_fill_the_tags() {
+        let claimed = tags(&[UID, ("nodewarden-create-a", "vm:5:100"), (SEQUENCE, "1")]);
+        assert_eq!(
+            next_step("a", &claimed, &[5], 100 + CLAIM_KEEP_SECS - 1),
+            Step::Done(5)
+        );
+        let Step::ScaleOut { tags: later } = next_step("b", &claimed, &[5], 100 + CLAIM_KEEP_SECS) else {
+            panic!("b's scale-out");
+        };
+        assert_eq!(later.get("nodewarden-create-a"), None, "an old claim dropped");
+        // A scale set rolled far beyond the tag limit: the oldest claims go.
+        let mut many = tags(&[UID]);
+        for n in 0..60u64 {
+            many.insert(format!("{PREFIX}k{n}"), format!("vm:{n}:{}", 1000 + n));
+        }
+        let vms: Vec<u64> = (0..60).collect();
+        let Step::ScaleOut { tags: kept } = next_step("new", &many, &vms, 1100) else {
+            panic!("a scale-out");
+        };
+        let records = kept
+            .keys()
+            .filter(|k| k.starts_with(PREFIX) && k.as_str() != SEQUENCE)
+            .count();
+        assert_eq!(records, MAX_RECORDS, "{kept:?}");
+        assert!(kept.contains_key(&format!("{PREFIX}k59")) && !kept.contains_key(&format!("{PREFIX}k0")));
+        assert!(kept.len() <= 50, "within ARM's tag limit: {}", kept.len());
     }
 
     #[test]
