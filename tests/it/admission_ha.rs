@@ -10,9 +10,9 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::TestEnv;
 use crate::support::admission::*;
 use crate::support::replicas::*;
-use crate::support::TestEnv;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, PostParams};
