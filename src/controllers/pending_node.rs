@@ -174,7 +174,11 @@ pub fn created_patch(
     created: &CreatedNode,
     accepted: std::time::SystemTime,
 ) -> serde_json::Value {
-    let mut annotations = json!({CREATED_AT_ANNOTATION: trace::format_time(accepted)});
+    // A failure said by an earlier attempt is over.
+    let mut annotations = json!({
+        CREATED_AT_ANNOTATION: trace::format_time(accepted),
+        CREATE_FAILED_ANNOTATION: null,
+    });
     if let Some(image) = created.image.as_deref().filter(|i| !i.is_empty()) {
         annotations[CREATED_IMAGE_ANNOTATION] = json!(image);
     }
@@ -186,6 +190,20 @@ pub fn created_patch(
             "deadline": join_deadline(pn, accepted),
         },
     })
+}
+
+/// On a PendingNode whose create the cloud keeps failing: its last error, so
+/// that its NodeVersion says Degraded with the cloud's words while it lasts
+/// (the retries are the PendingNode controller's, out of the NodeVersion's
+/// sight). Removed by the create's success.
+pub const CREATE_FAILED_ANNOTATION: &str = "nodewarden.dev/create-failed";
+
+/// The patch that records a failed create's `error` (cut to 1000
+/// characters), conditioned on `version`, the PendingNode's version the
+/// create was tried on (late, it must not undo the success's removal).
+pub fn create_failed_patch(version: Option<&str>, error: &str) -> serde_json::Value {
+    let said: String = error.chars().take(1000).collect();
+    json!({"metadata": {"annotations": {CREATE_FAILED_ANNOTATION: said}, "resourceVersion": version}})
 }
 
 /// On a PendingNode: what its cloud create is keyed by. `uid` (what
@@ -349,7 +367,15 @@ impl Reconciler for PendingNodeReconciler {
             .write_status(&api, &pn, state, step == PendingStep::ReachedJoin)
             .await?;
         match step {
-            PendingStep::FinishCreate => self.finish_create(&api, &pn).await,
+            PendingStep::FinishCreate => match self.finish_create(&api, &pn).await {
+                Err(Error::Cloud(e)) => {
+                    let patch = create_failed_patch(version.as_deref(), &e.to_string());
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                    Err(Error::Cloud(e))
+                }
+                done => done,
+            },
             PendingStep::ReachedJoin => Ok(Action::Done),
             PendingStep::CreateInFlight => Ok(Action::RequeueAfter(CREATE_GRACE.saturating_sub(age))),
             PendingStep::Wait => Ok(Action::RequeueAfter(next_look(&pn))),

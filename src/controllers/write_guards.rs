@@ -326,6 +326,13 @@ const WRITES: &[(&str, &str, &str, Guard)] = &[
              by no decision (only compared, to skip an unchanged write)",
         ),
     ),
+    // A failed create's error, for the NodeVersion's Degraded message.
+    (
+        "controllers/pending_node.rs",
+        "reconcile",
+        "api.patch(&name",
+        ResourceVersion,
+    ),
     // The give-up: goal Leave, before the instance is deleted.
     (
         "controllers/pending_node.rs",

@@ -402,15 +402,7 @@ async fn the_seed_examples_roll_a_vm_scale_set() {
     let took = roll_nodes_of(&env, &version, 3, &gallery("2.24.0"), None).await;
     println!("the seed's NodeVersion and ScalingGroup rolled 3 nodes in {took:?}");
     assert_nodes_labelled(&env, "team.example.com/owner", "payments").await;
-    support::discovery::wait_instances_equal_nodes(&env, "the ARM fake", || async {
-        let all = vms(&arm, &uid).await?;
-        Ok(all
-            .into_iter()
-            .filter(|(_, v)| v.0 == "Succeeded")
-            .map(|(id, _)| id)
-            .collect())
-    })
-    .await;
+    wait_instances_equal_nodes(&env, &arm, &uid).await;
 
     for (kind, name) in [("ScalingGroup", &group), ("NodeVersion", &version)] {
         update_samples::delete_and_wait(&update_samples::dynamic_api(&env.client, kind), name).await;

@@ -359,15 +359,7 @@ async fn the_seed_examples_roll_a_managed_instance_group() {
     let took = roll_nodes_of(&env, &version, 3, NEW, None).await;
     println!("the seed's NodeVersion and ScalingGroup rolled 3 nodes in {took:?}");
     assert_nodes_labelled(&env, "team.example.com/owner", "payments").await;
-    support::discovery::wait_instances_equal_nodes(&env, "the Compute fake", || async {
-        let all = instances(&compute, &uid).await?;
-        Ok(all
-            .into_iter()
-            .filter(|(_, v)| v.0 == "RUNNING")
-            .map(|(id, _)| id)
-            .collect())
-    })
-    .await;
+    wait_instances_equal_nodes(&env, &compute, &uid).await;
 
     for (kind, name) in [("ScalingGroup", &group), ("NodeVersion", &version)] {
         update_samples::delete_and_wait(&update_samples::dynamic_api(&env.client, kind), name).await;

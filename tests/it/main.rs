@@ -20,6 +20,7 @@ mod aws;
 mod aws_ha;
 mod azure;
 mod chart;
+mod cloud_faults;
 mod cloud_ha;
 mod controller;
 mod controlplane;

@@ -242,6 +242,20 @@ fn node_for(run_id: &str, provider_id: &str, name: &str, image: &str, role: &str
     node
 }
 
+/// Nothing leaked: the cluster `uid`'s running instances on the fake are
+/// exactly the test's Nodes.
+pub async fn wait_instances_equal_nodes(env: &super::TestEnv, arm: &Arm, uid: &str) {
+    super::discovery::wait_instances_equal_nodes(env, "the ARM fake", || async {
+        let all = vms(arm, uid).await?;
+        Ok(all
+            .into_iter()
+            .filter(|(_, v)| v.0 == "Succeeded")
+            .map(|(id, _)| id)
+            .collect())
+    })
+    .await;
+}
+
 /// The scale sets of the Azure tests: (suffix, `constellation-role` tag, ScalingGroup role, size).
 pub const SCALE_SETS: [(&str, &str, &str, i64); 3] = [
     ("cp", "control-plane", "ControlPlane", 3),
@@ -288,15 +302,7 @@ impl AzureCluster {
 
     /// Nothing leaked: the fake's provisioned VMs are exactly the Nodes.
     pub async fn wait_instances_equal_nodes(&self, env: &super::TestEnv) {
-        super::discovery::wait_instances_equal_nodes(env, "the ARM fake", || async {
-            let all = vms(&self.arm, &self.uid).await?;
-            Ok(all
-                .into_iter()
-                .filter(|(_, v)| v.0 == "Succeeded")
-                .map(|(id, _)| id)
-                .collect())
-        })
-        .await;
+        wait_instances_equal_nodes(env, &self.arm, &self.uid).await;
     }
 
     /// Every scale set's model boots `image`.

@@ -264,6 +264,20 @@ fn node_for(run_id: &str, provider_id: &str, image: &str, role: &str) -> Node {
     node
 }
 
+/// Nothing leaked: the cluster `uid`'s running instances on the fake are
+/// exactly the test's Nodes.
+pub async fn wait_instances_equal_nodes(env: &super::TestEnv, compute: &Compute, uid: &str) {
+    super::discovery::wait_instances_equal_nodes(env, "the Compute fake", || async {
+        let all = instances(compute, uid).await?;
+        Ok(all
+            .into_iter()
+            .filter(|(_, v)| v.0 == "RUNNING")
+            .map(|(id, _)| id)
+            .collect())
+    })
+    .await;
+}
+
 /// The groups of the GCP tests: (suffix, zone, `constellation-role` label, ScalingGroup role, size).
 pub const GROUPS: [(&str, &str, &str, &str, i64); 3] = [
     ("cp", "europe-west3-a", "control-plane", "ControlPlane", 3),
@@ -312,15 +326,7 @@ impl GcpCluster {
 
     /// Nothing leaked: the fake's running instances are exactly the Nodes.
     pub async fn wait_instances_equal_nodes(&self, env: &super::TestEnv) {
-        super::discovery::wait_instances_equal_nodes(env, "the Compute fake", || async {
-            let all = instances(&self.compute, &self.uid).await?;
-            Ok(all
-                .into_iter()
-                .filter(|(_, v)| v.0 == "RUNNING")
-                .map(|(id, _)| id)
-                .collect())
-        })
-        .await;
+        wait_instances_equal_nodes(env, &self.compute, &self.uid).await;
     }
 
     /// Every group's instance template boots `image`.

@@ -15,7 +15,9 @@ use super::{NodeVersionReconciler, drain_name};
 use crate::api::node_maintenance::{MaintenancePhase, medik8s};
 use crate::api::update::annotations::{GROUP_ANNOTATION, HEIR_ANNOTATION, IMAGE_ANNOTATION};
 use crate::api::update::{NodeVersion, PendingNode, PendingNodeGoal, Rollout};
-use crate::controllers::pending_node::{CREATED_IMAGE_ANNOTATION, JOIN_TIMED_OUT_ANNOTATION};
+use crate::controllers::pending_node::{
+    CREATE_FAILED_ANNOTATION, CREATED_IMAGE_ANNOTATION, JOIN_TIMED_OUT_ANNOTATION,
+};
 use crate::error::Result;
 use crate::rollout::{DrainState, GroupFacts, Role};
 use crate::runtime::store::ObjectKey;
@@ -150,6 +152,17 @@ impl NodeVersionReconciler {
                 .iter()
                 .filter(|p| p.annotations().contains_key(JOIN_TIMED_OUT_ANNOTATION))
                 .map(|p| p.spec.node_name.clone())
+                .collect(),
+            create_failures: scope
+                .pending
+                .iter()
+                .filter_map(|p| {
+                    Some(format!(
+                        "{}: {}",
+                        p.name_any(),
+                        p.annotations().get(CREATE_FAILED_ANNOTATION)?
+                    ))
+                })
                 .collect(),
             invalid_nodes: self.invalid_nodes(),
             etcd_waits,

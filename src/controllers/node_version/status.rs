@@ -23,6 +23,8 @@ pub const STATUS_LIST_LIMIT: usize = 100;
 pub struct Problems {
     /// Instances whose join deadline passed (their PendingNodes, leaving).
     pub join_timeouts: Vec<String>,
+    /// Creates the cloud keeps failing: `<PendingNode>: <the cloud's error>`.
+    pub create_failures: Vec<String>,
     /// Managed nodes that belong to no ScalingGroup (no provider ID, or a
     /// group no ScalingGroup names).
     pub invalid_nodes: Vec<String>,
@@ -338,6 +340,15 @@ fn degradations(facts: &Facts<'_>, problems: &Problems) -> Vec<(&'static str, St
             problems.etcd_waits.join("; "),
         ));
     }
+    if !problems.create_failures.is_empty() {
+        found.push((
+            reason::CLOUD_ERROR,
+            format!(
+                "creating instances fails (retried): {}",
+                problems.create_failures.join("; ")
+            ),
+        ));
+    }
     if !failed_drains.is_empty() {
         found.push((
             reason::DRAIN_TIMEOUT,
@@ -428,6 +439,11 @@ mod tests {
             control_plane_failed: Some("kubeadm upgrade apply failed".into()),
             ..Default::default()
         };
+        let creates_fail = Problems {
+            create_failures: vec!["join-1: the cloud failed the request with status 503".into()],
+            join_timeouts: vec!["w-new".into()],
+            ..Default::default()
+        };
         // (what, nodes, control-plane first, problems, control plane upgrading, Progressing reason, Degraded reason)
         type Case<'a> = (
             &'a str,
@@ -438,7 +454,16 @@ mod tests {
             &'a str,
             &'a str,
         );
-        let cases: [Case; 10] = [
+        let cases: [Case; 11] = [
+            (
+                "creates keep failing",
+                &workers_outdated,
+                true,
+                &creates_fail,
+                false,
+                reason::REPLACING_NODES,
+                reason::CLOUD_ERROR,
+            ),
             (
                 "complete",
                 &all_current,
