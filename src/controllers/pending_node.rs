@@ -67,7 +67,8 @@ pub enum PendingStep {
     ReachedJoin,
     /// Still on its way: look again later.
     Wait,
-    /// Join deadline passed without a Node: delete the instance, goal Leave
+    /// Join deadline passed without a Node, or the instance failed or is
+    /// gone (it will not start by itself): delete the instance, goal Leave
     /// (once a fresh read confirms there is no Node: the store may lag).
     GiveUp,
     /// Leaving: ask the cloud to delete (again, harmlessly).
@@ -109,6 +110,10 @@ pub fn decide(
         PendingNodeGoal::Join if !has_provider_id => PendingStep::FinishCreate,
         PendingNodeGoal::Join if node == NodeSeen::Ready => PendingStep::ReachedJoin,
         PendingNodeGoal::Join if deadline_passed && node == NodeSeen::Absent => PendingStep::GiveUp,
+        // Failed or terminated: waiting out the deadline would not help.
+        PendingNodeGoal::Join if node == NodeSeen::Absent && state.is_some_and(InstanceState::is_final) => {
+            PendingStep::GiveUp
+        }
         PendingNodeGoal::Join => PendingStep::Wait,
         // None: the cloud has no record — never created, or long gone.
         PendingNodeGoal::Leave => match state {
@@ -761,6 +766,24 @@ mod tests {
             ),
             (Join, true, Some(Creating), Absent, true, PendingStep::GiveUp),
             (Join, true, None, Absent, true, PendingStep::GiveUp),
+            // An instance that never starts is given up on before the deadline.
+            (
+                Join,
+                true,
+                Some(InstanceState::Failed),
+                Absent,
+                false,
+                PendingStep::GiveUp,
+            ),
+            (Join, true, Some(Terminated), Absent, false, PendingStep::GiveUp),
+            (
+                Join,
+                true,
+                Some(InstanceState::Failed),
+                Joined,
+                false,
+                PendingStep::Wait,
+            ),
             // Registered just as the deadline passed: joined, never given up on.
             (
                 Join,

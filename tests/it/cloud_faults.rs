@@ -1,10 +1,12 @@
 //! Each cloud provider's fault table against its fake: a create that meets
 //! throttling, a server failure, a hang past the call timeout (the change
 //! in doubt) or a lost answer fails in the kind the work queue retries, and
-//! asked again under the same key makes exactly one instance; an operation
-//! that fails is an error; and a rollout whose creates keep failing says
-//! Degraded=True CloudError with the cloud's own words while it lasts, then
-//! completes with instances = nodes once the cloud recovers.
+//! asked again under the same key makes exactly one instance; and a rollout
+//! whose first new instance never starts and whose creates then keep
+//! failing says Degraded=True CloudError with the cloud's own words while
+//! it lasts, then completes with the instance that never started deleted
+//! and instances = nodes once the cloud recovers. (An operation that fails:
+//! `azure::an_image_change_whose_operation_fails_is_an_error`.)
 
 use crate::support;
 
@@ -66,22 +68,27 @@ where
     made
 }
 
-/// While every create from the first replacement on fails with 503
-/// (`rule`), the NodeVersion says Degraded=True CloudError with the
-/// cloud's words (`words`); the rule cleared, the rollout of `total` nodes
-/// completes.
+/// The first replacement's instance never starts (`never_starts`: the
+/// control path that makes the fake say so of a provider ID), and every
+/// create after it fails with 503 (`rule`): the NodeVersion says
+/// Degraded=True CloudError with the cloud's words (`words`); the rule
+/// cleared, the rollout of `total` nodes completes. Returns the provider ID
+/// of the instance that never started.
 async fn degraded_while_creates_fail<C, Fut>(
     env: &TestEnv,
-    total: usize,
-    image: &str,
+    (total, image): (usize, &str),
     control: C,
+    never_starts: impl Fn(&str) -> String,
     rule: &str,
     words: &str,
-) where
+) -> String
+where
     C: Fn(String) -> Fut,
     Fut: Future<Output = String>,
 {
-    let patch = serde_json::json!({"spec": {"image": image}});
+    // GCE has no failed state: an instance that never starts is given up
+    // at its join deadline (ARM's failed VM at once).
+    let patch = serde_json::json!({"spec": {"image": image, "rollout": {"joinTimeout": "15s"}}});
     Api::<NodeVersion>::all(env.client.clone())
         .patch(
             &env.name("version"),
@@ -94,13 +101,23 @@ async fn degraded_while_creates_fail<C, Fut>(
     // set by then: on Azure both are PATCHes of the scale set).
     let pending: Api<PendingNode> = Api::all(env.client.clone());
     let selector = kube::api::ListParams::default().labels(&env.run_selector());
-    wait_for("the first replacement", Duration::from_secs(60), || async {
-        match pending.list(&selector).await {
-            Ok(l) if l.items.iter().any(|p| p.name_any().starts_with("join-")) => Probe::Done(()),
-            other => Probe::NotYet(format!("{:?}", other.map(|l| l.items.len()))),
-        }
-    })
+    let first = wait_for(
+        "the first replacement's instance",
+        Duration::from_secs(60),
+        || async {
+            let listed = pending.list(&selector).await.map(|l| l.items).unwrap_or_default();
+            let created = listed
+                .iter()
+                .filter(|p| p.name_any().starts_with("join-"))
+                .find(|p| !p.spec.provider_id.is_empty());
+            match created {
+                Some(p) => Probe::Done(p.spec.provider_id.clone()),
+                None => Probe::NotYet(format!("{} PendingNodes, none created", listed.len())),
+            }
+        },
+    )
     .await;
+    control(never_starts(&first)).await;
     control(format!("/fake/fail?status=503&count=100000&{rule}")).await;
     let versions: Api<NodeVersion> = Api::all(env.client.clone());
     let message = wait_for(
@@ -133,6 +150,7 @@ async fn degraded_while_creates_fail<C, Fut>(
         Duration::from_secs(30),
     )
     .await;
+    first
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,8 +187,10 @@ async fn gcp_faults_leave_one_instance_per_create_and_say_degraded_while_they_la
 
     // A rollout whose creates fail.
     let (client, cloud, run, cluster) = (env.client.clone(), compute.clone(), env.id.clone(), uid.clone());
+    // A boot of 3 s: the instance made to never start is marked so long
+    // before it could join.
     let joiner = Joiner::start(&env, 2, "the fake's instances", move |stop| {
-        join(client, cloud, run, cluster, Duration::from_secs(1), stop)
+        join(client, cloud, run, cluster, Duration::from_secs(3), stop)
     })
     .await;
     create_budget_node_version(&env, OLD, 1).await;
@@ -178,7 +198,34 @@ async fn gcp_faults_leave_one_instance_per_create_and_say_degraded_while_they_la
     config.discover_scaling_groups = Some(env.name("version"));
     let operator = env.start_operator_from(config).await;
     wait_discovered(&env, &[(group.clone(), name.clone(), "Worker")]).await;
-    degraded_while_creates_fail(&env, 2, NEW, control, "path=createInstances", "status 503").await;
+    // GCE's word for an instance that stopped for good.
+    let terminated = |id: &str| {
+        let (zone, name) = id
+            .rsplit_once('/')
+            .map(|(rest, n)| (rest.rsplit('/').next().unwrap_or_default(), n))
+            .unwrap_or_default();
+        format!("/fake/instances/{zone}/{name}/status?to=TERMINATED")
+    };
+    let failed = degraded_while_creates_fail(
+        &env,
+        (2, NEW),
+        control,
+        terminated,
+        "path=createInstances",
+        "status 503",
+    )
+    .await;
+    wait_for(
+        "the instance that never started deleted",
+        Duration::from_secs(30),
+        || async {
+            match instances(&compute, &uid).await {
+                Ok(all) if !all.contains_key(&failed) => Probe::Done(()),
+                other => Probe::NotYet(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     wait_instances_equal_nodes(&env, &compute, &uid).await;
     operator.stop().await;
     joiner.stop().await;
@@ -216,8 +263,10 @@ async fn azure_faults_leave_one_vm_per_create_and_say_degraded_while_they_last()
 
     // A rollout whose creates fail.
     let (client, cloud, run, cluster) = (env.client.clone(), arm.clone(), env.id.clone(), uid.clone());
+    // A boot of 3 s: the VM made to never start is marked so long before
+    // it could join.
     let joiner = Joiner::start(&env, 2, "the fake's VMs", move |stop| {
-        join(client, cloud, run, cluster, Duration::from_secs(1), stop)
+        join(client, cloud, run, cluster, Duration::from_secs(3), stop)
     })
     .await;
     create_budget_node_version(&env, &old, 1).await;
@@ -225,7 +274,26 @@ async fn azure_faults_leave_one_vm_per_create_and_say_degraded_while_they_last()
     config.discover_scaling_groups = Some(env.name("version"));
     let operator = env.start_operator_from(config).await;
     wait_discovered(&env, &[(set.clone(), name.clone(), "Worker")]).await;
-    degraded_while_creates_fail(&env, 2, &new, control, &rule, "status 503").await;
+    // ARM's word for a VM whose provisioning failed.
+    let failed_vm = |id: &str| {
+        let (set, instance) = id
+            .split_once("/virtualMachineScaleSets/")
+            .and_then(|(_, r)| r.split_once("/virtualMachines/"))
+            .unwrap_or_default();
+        format!("/fake/vms/{set}/{instance}/state?provisioning=Failed")
+    };
+    let failed = degraded_while_creates_fail(&env, (2, &new), control, failed_vm, &rule, "status 503").await;
+    wait_for(
+        "the VM that never started deleted",
+        Duration::from_secs(30),
+        || async {
+            match vms(&arm, &uid).await {
+                Ok(all) if !all.contains_key(&failed) => Probe::Done(()),
+                other => Probe::NotYet(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     wait_instances_equal_nodes(&env, &arm, &uid).await;
     operator.stop().await;
     joiner.stop().await;

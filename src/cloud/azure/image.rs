@@ -1,7 +1,8 @@
 //! A scale set's or VM's `imageReference` as nodewarden's image string, and
 //! back, in the three forms a NodeVersion names Azure images by: an image
 //! or gallery image version's ARM ID, a community gallery image
-//! (`/communityGalleries/…`), or a marketplace image
+//! (`/communityGalleries/…`), a shared gallery image (`/sharedGalleries/…`),
+//! or a marketplace image
 //! (`constellation-marketplace-image://Azure?offer=…&publisher=…&sku=…&version=…`).
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,9 @@ pub struct ImageReference {
     /// A community gallery image version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub community_gallery_image_id: Option<String>,
+    /// A gallery image version shared directly with the subscription.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_gallery_image_id: Option<String>,
     /// A marketplace image's publisher.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub publisher: Option<String>,
@@ -43,7 +47,9 @@ impl ImageReference {
         if let Some(id) = some(&self.id) {
             return Some(id);
         }
-        if let Some(id) = some(&self.community_gallery_image_id) {
+        if let Some(id) =
+            some(&self.community_gallery_image_id).or_else(|| some(&self.shared_gallery_image_id))
+        {
             return Some(id);
         }
         let (publisher, offer, sku, version) = (
@@ -75,8 +81,12 @@ pub fn reference_for(image: &str) -> Value {
         }
         return reference;
     }
-    if image.to_ascii_lowercase().starts_with("/communitygalleries/") {
+    let lower = image.to_ascii_lowercase();
+    if lower.starts_with("/communitygalleries/") {
         return json!({"communityGalleryImageId": image});
+    }
+    if lower.starts_with("/sharedgalleries/") {
+        return json!({"sharedGalleryImageId": image});
     }
     json!({"id": image})
 }
@@ -89,8 +99,9 @@ mod tests {
     fn the_three_forms_go_both_ways() {
         let gallery = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/galleries/Constellation/images/constellation/versions/2.24.0";
         let community = "/communityGalleries/ConstellationCVM-b3782fa0/images/constellation/versions/2.24.0";
+        let shared = "/sharedGalleries/0000-1111.Constellation/images/constellation/versions/2.24.0";
         let marketplace = "constellation-marketplace-image://Azure?offer=constellation&publisher=edgelesssystems&sku=constellation&version=2.24.0";
-        for image in [gallery, community, marketplace] {
+        for image in [gallery, community, shared, marketplace] {
             let reference: ImageReference =
                 serde_json::from_value(reference_for(image)).expect("a reference");
             assert_eq!(reference.image().as_deref(), Some(image));

@@ -142,11 +142,18 @@ impl AzureProvider {
             let ids = instance_ids(&vms)?;
             let etag = current.etag.as_deref();
             let written = match records::next_step(&key, &current.tags, &ids, unix_now()) {
-                Step::Done(id) => return created(&set, &vms, id),
+                Step::Done(id) => match created(&set, &vms, id)? {
+                    Some(node) => return Ok(node),
+                    None => true, // Named once ARM shows its OS profile.
+                },
                 Step::WriteTags { tags, claimed } => {
                     let ok = self.write(&set, json!({"tags": tags}), etag).await?;
-                    match claimed {
-                        Some(id) if ok => return created(&set, &vms, id),
+                    match claimed
+                        .filter(|_| ok)
+                        .map(|id| created(&set, &vms, id))
+                        .transpose()?
+                    {
+                        Some(Some(node)) => return Ok(node),
                         _ => ok,
                     }
                 }
@@ -276,24 +283,22 @@ fn instance_ids(vms: &[ScaleSetVm]) -> Result<Vec<u64>, CloudError> {
         .collect()
 }
 
-/// What a create returns: the VM `id` of `vms`.
-fn created(set: &ScaleSetRef, vms: &[ScaleSetVm], id: u64) -> Result<CreatedNode, CloudError> {
+/// What a create returns: the VM `id` of `vms`; None while ARM shows no
+/// computer name for it yet (its Node's name).
+fn created(set: &ScaleSetRef, vms: &[ScaleSetVm], id: u64) -> Result<Option<CreatedNode>, CloudError> {
     let vm = vms
         .iter()
         .find(|vm| vm.instance_id == id.to_string())
         .ok_or_else(|| CloudError::InvalidResponse(format!("VM {id} of scale set {} vanished", set.name)))?;
     let name = vm.properties.os_profile.computer_name.to_lowercase();
     if name.is_empty() {
-        return Err(CloudError::InvalidResponse(format!(
-            "VM {} has no computer name yet",
-            vm.id
-        )));
+        return Ok(None);
     }
-    Ok(CreatedNode {
+    Ok(Some(CreatedNode {
         node_name: name,
         provider_id: set.vm(&vm.instance_id).provider_id(),
         image: vm.properties.storage_profile.image_reference.image(),
-    })
+    }))
 }
 
 /// An instance view's state: the first status code nodewarden knows wins.

@@ -359,7 +359,7 @@ fn degradations(facts: &Facts<'_>, problems: &Problems) -> Vec<(&'static str, St
         found.push((
             reason::JOIN_TIMEOUT,
             format!(
-                "not joined within spec.rollout.joinTimeout, deleted and replaced: {}",
+                "not joined within spec.rollout.joinTimeout (or their instance failed), deleted and replaced: {}",
                 name_list(&as_strs(&problems.join_timeouts))
             ),
         ));
