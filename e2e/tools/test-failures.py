@@ -25,10 +25,14 @@ def blocks(lines):
         yield name, body
 
 
+LOUD = re.compile(r"^\S+\s+(WARN|ERROR)\b")
+
+
 def summary(body, keep):
-    """The `keep` lines the test printed before it panicked, then the whole
-    panic message (not its backtrace); the last `keep` lines when it did not
-    panic."""
+    """The last `keep` warnings and errors its operators logged before the
+    panic, the `keep` lines the test printed before it panicked, then the
+    whole panic message (not its backtrace); the last `keep` lines when it
+    did not panic."""
     panic = next((i for i, line in enumerate(body) if "panicked at" in line), None)
     if panic is None:
         return body[-keep:]
@@ -37,7 +41,11 @@ def summary(body, keep):
          if body[i].startswith(("stack backtrace:", "note: "))),
         len(body),
     )
-    return body[max(0, panic - keep):panic] + body[panic:end]
+    before = max(0, panic - keep)
+    loud = [line for line in body[:before] if LOUD.match(line)][-keep:]
+    if loud:
+        loud = ["(warnings and errors logged before)"] + loud + ["(the last lines before the panic)"]
+    return loud + body[before:panic] + body[panic:end]
 
 
 def main():

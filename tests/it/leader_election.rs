@@ -30,16 +30,6 @@ const LEASE: &str = "nodewarden-leader";
 /// (the test machine is small and shared with other builds).
 const SLACK: Duration = Duration::from_millis(500);
 
-fn init_logging() {
-    // Silent unless RUST_LOG asks for more (the cut-off tests make kube log errors).
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_test_writer()
-        .try_init();
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -240,7 +230,7 @@ async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
 /// sometimes by abort) and restarting with a fresh identity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_one_leader_under_churn() {
-    init_logging();
+    support::init_test_logging();
     let env = TestEnv::new("leader-churn").await;
     let t = Timings::secs(1.5, 1.0, 0.1);
     let run_for = Duration::from_secs(75);
@@ -358,7 +348,7 @@ async fn leader_and_standby(env: &TestEnv, t: Timings, recorder: &Recorder) -> (
 /// crashed leader's handle turned false.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashed_leader_is_replaced_within_lease_duration() {
-    init_logging();
+    support::init_test_logging();
     let env = TestEnv::new("leader-crash").await;
     let t = Timings::secs(3.0, 2.0, 0.5);
     let recorder = Recorder::start();
@@ -391,7 +381,7 @@ async fn crashed_leader_is_replaced_within_lease_duration() {
 /// The standby must lead within one jittered retry period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_lease_is_taken_over_within_a_retry_period() {
-    init_logging();
+    support::init_test_logging();
     let env = TestEnv::new("leader-release").await;
     let t = Timings::secs(3.0, 2.0, 0.5);
     let recorder = Recorder::start();
@@ -504,7 +494,7 @@ fn earliest_expiry(reads: &[Read], holder: &str) -> Instant {
 /// false before anyone could consider its lease expired, its watch channel
 /// must follow, and the standby must lead only after that.
 async fn cut_off_leader(mode: Cut) {
-    init_logging();
+    support::init_test_logging();
     let env = TestEnv::new(&format!("leader-cut-{mode:?}")).await;
     let t = Timings::secs(3.0, 2.0, 0.5);
     let cp = support::control_plane();
@@ -612,7 +602,7 @@ async fn a_fenced_client_writes_only_within_the_lease_term() {
     use nodewarden::runtime::error::Category;
     use nodewarden::runtime::fence::fenced;
 
-    init_logging();
+    support::init_test_logging();
     let env = TestEnv::new("leader-fence").await;
     let t = Timings::secs(3.0, 2.0, 0.5);
     let cp = support::control_plane();

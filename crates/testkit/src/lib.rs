@@ -41,6 +41,7 @@ pub mod replicas;
 pub mod rollout;
 pub mod sim;
 pub mod sip;
+pub mod stall_report;
 pub mod update_samples;
 pub mod upgrade_agent;
 
@@ -49,6 +50,19 @@ mod env;
 mod operator;
 mod proxy;
 mod wait;
+
+/// Logs of the code under test (RUST_LOG picks the level; info if unset),
+/// through the test harness's capture: each test's failure report carries
+/// the logs of the operators it ran, not a mix of every test's on stderr.
+pub fn init_test_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_test_writer()
+        .try_init();
+}
 
 pub use cluster::{ControlPlane, PrivateControlPlane, control_plane, install_crds, install_own_crds};
 pub use env::{RUN_LABEL, TestEnv};

@@ -34,8 +34,7 @@ impl TestEnv {
 
     /// An operator with exactly `config` (see [`TestEnv::operator_config`]).
     pub async fn start_operator_from(&self, config: nodewarden::operator::OperatorConfig) -> RunningOperator {
-        // Logs of the operator under test (RUST_LOG picks the level).
-        nodewarden::telemetry::init_logging(false, None);
+        crate::init_test_logging();
         install_crds(&self.client).await;
         let client = control_plane().client().await;
         let shutdown = tokio_util::sync::CancellationToken::new();
