@@ -254,6 +254,10 @@ struct RunArgs {
     /// drainTimeout of a rollout whose NodeVersion sets none (e.g. 1h).
     #[arg(long, value_parser = go_duration)]
     rollout_drain_timeout: Option<String>,
+    /// haltAfterFailedJoins of a rollout whose NodeVersion sets none
+    /// (default 3; 0 never halts).
+    #[arg(long)]
+    rollout_halt_after_failed_joins: Option<u32>,
     /// Watch upgrade Plans in this namespace only (default: all namespaces).
     #[arg(long, env = "NODEWARDEN_PLAN_NAMESPACE")]
     plan_namespace: Option<String>,
@@ -680,6 +684,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             control_plane_first: args.rollout_control_plane_first,
             join_timeout: args.rollout_join_timeout,
             drain_timeout: args.rollout_drain_timeout,
+            halt_after_failed_joins: args.rollout_halt_after_failed_joins,
         },
         plans,
     };

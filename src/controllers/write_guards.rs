@@ -609,6 +609,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("drain/node.rs", include_str!("../drain/node.rs")),
     ("drain/pods.rs", include_str!("../drain/pods.rs")),
     ("rollout/facts.rs", include_str!("../rollout/facts.rs")),
+    ("rollout/halt.rs", include_str!("../rollout/halt.rs")),
     ("rollout/mod.rs", include_str!("../rollout/mod.rs")),
     ("rollout/plan.rs", include_str!("../rollout/plan.rs")),
     ("sip/hosts.rs", include_str!("../sip/hosts.rs")),

@@ -82,4 +82,7 @@ pub struct Facts<'a> {
     pub max_unavailable: usize,
     /// No worker instance is created while a control-plane node is outdated.
     pub control_plane_first: bool,
+    /// The rollout halted (`status.halt`): no instance is created, no node
+    /// paired, drained or retired; only surplus nodes go.
+    pub halted: bool,
 }

@@ -21,6 +21,7 @@
 //! server).
 
 mod facts;
+pub mod halt;
 mod plan;
 
 pub use facts::{DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role};

@@ -103,6 +103,11 @@ pub fn workers_wait_for_control_plane(f: &Facts) -> bool {
 /// maxUnavailable, create instances within maxSurge.
 pub fn plan(f: &Facts) -> Vec<Step> {
     let planner = Planner::new(f);
+    // Halted: only surplus nodes go (they serve nothing); every other step
+    // waits for a person's decision.
+    if f.halted {
+        return planner.retire_surplus();
+    }
     let mut steps = planner.retire_replaced();
     steps.extend(planner.retire_surplus());
     // Each outdated node gets at most one heir in a plan.
@@ -396,6 +401,7 @@ mod tests {
             max_surge: surge,
             max_unavailable: 0,
             control_plane_first: true,
+            halted: false,
         }
     }
 
@@ -421,6 +427,45 @@ mod tests {
         let joins = [join("p1", "w")];
         assert_eq!(plan(&facts(&groups, &nodes, &joins, 1)), []);
         assert_eq!(plan(&facts(&groups, &nodes, &joins, 3)), [create("w", 2)]);
+    }
+
+    #[test]
+    fn a_halted_rollout_only_removes_surplus_nodes() {
+        let groups = [group("w", Role::Worker)];
+        let drained = |name: &str, heir: &str| NodeFacts {
+            donor_to: Some(heir.into()),
+            drain: DrainState::Succeeded,
+            ..old(name, "w")
+        };
+        let heir = |name: &str, donor: &str| NodeFacts {
+            heir_of: Some(donor.into()),
+            ..new(name, "w")
+        };
+        let surplus = NodeFacts {
+            obsolete: true,
+            drain: DrainState::Succeeded,
+            ..new("s", "w")
+        };
+        let nodes = [
+            old("a", "w"),
+            old("b", "w"),
+            drained("c", "h"),
+            heir("h", "c"),
+            mint("m", "w"),
+            surplus,
+        ];
+        let mut f = facts(&groups, &nodes, &[], 5);
+        assert!(
+            plan(&f).len() > 1,
+            "running, it would pair, retire and create: {:?}",
+            plan(&f)
+        );
+        f.halted = true;
+        assert_eq!(
+            plan(&f),
+            [Step::Retire { node: "s".into() }],
+            "halted: no create, pair, drain or retire of a donor"
+        );
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub const REPLACE_NODE: &str = "replace node";
 pub const SURPLUS_NODE: &str = "surplus node";
 /// The root span of a rollout.
 pub const ROLLOUT: &str = "rollout";
+/// A span of a rollout's trace: the rollout halted on failed joins.
+pub const ROLLOUT_HALTED: &str = "rollout halted";
 
 const TRACER_NAME: &str = "nodewarden";
 

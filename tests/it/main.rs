@@ -43,6 +43,7 @@ mod production;
 mod random_specs;
 mod reflector;
 mod rollout;
+mod rollout_halt;
 mod rollout_planner_props;
 mod sim_cloud;
 mod sip;

@@ -51,6 +51,7 @@ impl World {
             max_surge: self.max_surge,
             max_unavailable: self.max_unavailable,
             control_plane_first: self.control_plane_first,
+            halted: false,
         }
     }
 

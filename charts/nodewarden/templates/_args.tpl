@@ -54,6 +54,7 @@ The container's args: `nodewarden run` with the flags the values ask for
 {{- include "nodewarden.flag" (list "rollout-control-plane-first" $v.rollout.controlPlaneFirst) }}
 {{- include "nodewarden.flag" (list "rollout-join-timeout" $v.rollout.joinTimeout) }}
 {{- include "nodewarden.flag" (list "rollout-drain-timeout" $v.rollout.drainTimeout) }}
+{{- include "nodewarden.flag" (list "rollout-halt-after-failed-joins" $v.rollout.haltAfterFailedJoins) }}
 {{- with $v.etcd.endpoints }}
 {{- include "nodewarden.flag" (list "etcd-endpoints" (join "," .)) }}
 {{- end }}

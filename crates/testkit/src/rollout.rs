@@ -402,6 +402,36 @@ pub struct Rollout {
     pub groups: Vec<(String, &'static str, usize)>,
 }
 
+impl Rollout {
+    /// An operator over the sim-cloud, with the default maintenance settings.
+    pub async fn start_operator(&self) -> super::RunningOperator {
+        let cloud: Arc<dyn nodewarden::cloud::CloudProvider> = Arc::new(self.sim.sim.provider.clone());
+        self.env
+            .start_operator_with(Default::default(), Some(cloud), "operator")
+            .await
+    }
+
+    /// Every instance of `image` the sim-cloud ever made.
+    pub async fn instances_of(&self, image: &str) -> Vec<nodewarden::cloud::sim::wire::InstanceView> {
+        let all = self
+            .sim
+            .sim
+            .provider
+            .list_instances()
+            .await
+            .expect("listing instances");
+        all.into_iter().filter(|i| i.instance.image == image).collect()
+    }
+
+    /// Stops `operator` and the sim-cloud, and removes the test's objects.
+    pub async fn finish(self, operator: super::RunningOperator) {
+        operator.stop().await;
+        let Rollout { env, sim, .. } = self;
+        sim.sim.kill().await;
+        env.cleanup().await;
+    }
+}
+
 pub async fn setup(test: &str, groups: &[(&'static str, &'static str, usize)]) -> Rollout {
     setup_with(test, groups, json!({})).await
 }
@@ -498,7 +528,11 @@ pub async fn workload(env: &TestEnv, name: &str, replicas: i32) {
 /// Sets `joinTimeout` on the test's NodeVersion: an instance that never
 /// joins is given up on in seconds, not the default half hour.
 pub async fn set_join_timeout(env: &TestEnv, timeout: &str) {
-    let patch = json!({"spec": {"rollout": {"joinTimeout": timeout}}});
+    patch_node_version(env, json!({"spec": {"rollout": {"joinTimeout": timeout}}})).await;
+}
+
+/// Merges `patch` into the test's NodeVersion.
+pub async fn patch_node_version(env: &TestEnv, patch: serde_json::Value) {
     Api::<NodeVersion>::all(env.client.clone())
         .patch(
             &env.name("version"),
@@ -506,7 +540,7 @@ pub async fn set_join_timeout(env: &TestEnv, timeout: &str) {
             &Patch::Merge(&patch),
         )
         .await
-        .expect("setting joinTimeout");
+        .expect("patching the NodeVersion");
 }
 
 /// Sets the image (and surge), then waits until every node runs it.
@@ -573,8 +607,9 @@ pub async fn roll_nodes_of(
         }
         if start.elapsed() > timeout {
             panic!(
-                "timed out after {timeout:?} waiting for every node on {image}; last seen: {current} of {} nodes on {image}",
-                nodes.len()
+                "timed out after {timeout:?} waiting for every node on {image}; last seen: {current} of {} nodes on {image}\n{}",
+                nodes.len(),
+                super::stall_report::rollout_state(env, version, image).await
             );
         }
         // A permit left by an event in between is taken at once; the period

@@ -9,6 +9,7 @@
 //! rules that refuse bad input with a message naming the field.
 
 pub mod autoscaling_strategy;
+pub mod halt;
 pub mod joining_node;
 pub mod node_version;
 pub mod pending_node;
@@ -16,6 +17,7 @@ pub mod rollout;
 pub mod scaling_group;
 
 pub use autoscaling_strategy::{AutoscalingStrategy, AutoscalingStrategySpec, AutoscalingStrategyStatus};
+pub use halt::RolloutHalt;
 pub use joining_node::{JoiningNode, JoiningNodeSpec, JoiningNodeStatus};
 pub use node_version::{NodeCounts, NodeVersion, NodeVersionSpec, NodeVersionStatus, StatusList};
 pub use pending_node::{CspNodeState, PendingNode, PendingNodeGoal, PendingNodeSpec, PendingNodeStatus};
@@ -75,6 +77,9 @@ pub mod reason {
     pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
     /// Degraded=False.
     pub const AS_EXPECTED: &str = "AsExpected";
+    /// Degraded=True, Progressing=False: `haltAfterFailedJoins` new nodes in
+    /// a row were given up; the rollout waits for a person.
+    pub const ROLLOUT_HALTED: &str = "RolloutHalted";
     /// Degraded=True: a new node did not join within `joinTimeout`.
     pub const JOIN_TIMEOUT: &str = "JoinTimeout";
     /// Degraded=True: a drain did not finish within `drainTimeout`.

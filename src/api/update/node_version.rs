@@ -202,6 +202,10 @@ pub struct NodeVersionStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "counts_by_name")]
     pub list_totals: BTreeMap<String, u32>,
+    /// New nodes of the target given up in a row, and whether the rollout
+    /// halted on them (`spec.rollout.haltAfterFailedJoins`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt: Option<super::RolloutHalt>,
 }
 
 /// A map of counts. schemars says `format: uint32` for a u32, a format

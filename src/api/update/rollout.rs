@@ -14,6 +14,10 @@ use crate::api::node_maintenance::parse_duration;
 /// Default `joinTimeout`: Constellation gives a new node 30 minutes to join.
 pub const DEFAULT_JOIN_TIMEOUT: &str = "30m";
 
+/// Default `haltAfterFailedJoins`: three new instances in a row that never
+/// join say the image is bad, not the cloud's luck.
+pub const DEFAULT_HALT_AFTER_FAILED_JOINS: u32 = 3;
+
 /// CEL: both limits 0 (as counts or as "0%"); an absent maxUnavailable is its default, 0.
 const BOTH_ZERO_RULE: &str = "!(has(self.maxSurge) \
     && (type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge.matches('^0+%$')) \
@@ -77,6 +81,14 @@ pub struct Rollout {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE)
         .message("spec.rollout.drainTimeout must be a duration such as 90s, 30m or 1h30m"))]
     pub drain_timeout: Option<String>,
+    /// Halt the rollout after this many new instances in a row were given
+    /// up (never joined within joinTimeout, or failed at the cloud): no
+    /// instance is created and no node retired until the image changes or
+    /// the NodeVersion is annotated `nodewarden.dev/resume-rollout`. 0
+    /// never halts. Unset: the operator's default, else 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
+    pub halt_after_failed_joins: Option<u32>,
 }
 
 /// Where a setting in force came from.
@@ -113,6 +125,7 @@ impl Rollout {
                 .drain_timeout
                 .clone()
                 .or_else(|| defaults.drain_timeout.clone()),
+            halt_after_failed_joins: self.halt_after_failed_joins.or(defaults.halt_after_failed_joins),
         }
     }
 
@@ -135,6 +148,7 @@ impl Rollout {
         let (first, first_from) = pick(&own.control_plane_first, &defaults.control_plane_first);
         let (join, join_from) = pick(&own.join_timeout, &defaults.join_timeout);
         let (drain, drain_from) = pick(&own.drain_timeout, &defaults.drain_timeout);
+        let (halt, halt_from) = pick(&own.halt_after_failed_joins, &defaults.halt_after_failed_joins);
         vec![
             (
                 "maxSurge",
@@ -153,6 +167,11 @@ impl Rollout {
                 join_from,
             ),
             ("drainTimeout", drain.unwrap_or("none".into()), drain_from),
+            (
+                "haltAfterFailedJoins",
+                halt.unwrap_or(DEFAULT_HALT_AFTER_FAILED_JOINS).to_string(),
+                halt_from,
+            ),
         ]
     }
 }
@@ -213,6 +232,12 @@ impl Rollout {
         parse_duration(self.join_timeout.as_deref().unwrap_or(DEFAULT_JOIN_TIMEOUT))
             .or_else(|| parse_duration(DEFAULT_JOIN_TIMEOUT))
             .unwrap_or(Duration::from_secs(30 * 60))
+    }
+
+    /// `haltAfterFailedJoins`, 3 when unset (0: never halt).
+    pub fn halt_after_failed_joins(&self) -> u32 {
+        self.halt_after_failed_joins
+            .unwrap_or(DEFAULT_HALT_AFTER_FAILED_JOINS)
     }
 
     /// `drainTimeout` as a Duration; None means wait for the drain forever
@@ -410,6 +435,7 @@ mod tests {
             ("controlPlaneFirst", "false", SettingSource::Operator),
             ("joinTimeout", "10m", SettingSource::Operator),
             ("drainTimeout", "none", SettingSource::Builtin),
+            ("haltAfterFailedJoins", "3", SettingSource::Builtin),
         ];
         let got: Vec<(&str, &str, SettingSource)> =
             described.iter().map(|(k, v, s)| (*k, v.as_str(), *s)).collect();

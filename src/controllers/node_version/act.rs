@@ -20,6 +20,7 @@ use super::gather::Scope;
 use super::{NodeVersionReconciler, drain_name};
 use crate::api::node_maintenance::{DRAIN_FOR_LABEL, DRAIN_FOR_ROLLOUT, medik8s};
 use crate::api::update::annotations::{OBSOLETE_ANNOTATION, PAUSED_BY_ANNOTATION};
+use crate::api::update::halt::TARGET_ANNOTATION;
 use crate::api::update::{AutoscalingStrategy, NodeVersion, PendingNode, PendingNodeGoal, PendingNodeSpec};
 use crate::cloud::CreateNodeRequest;
 use crate::controllers::pending_node::{REQUEST_KEY_ANNOTATION, created_patch, request_key};
@@ -318,7 +319,9 @@ impl NodeVersionReconciler {
         let (joins, _) = sort_joins(nv, &fresh);
         let node_facts = node_facts(nv, &fresh, &joins, |node| self.drain_state(node));
         let in_force = self.rollout(nv);
-        let facts = facts(&in_force, &fresh, &node_facts, &joins);
+        // Not halted: the creates planned were (a halted plan has none), and
+        // this read only lowers their count.
+        let facts = facts(&in_force, &fresh, &node_facts, &joins, false);
         let confirmed = rollout::plan(&facts)
             .into_iter()
             .find_map(|step| match step {
@@ -360,6 +363,8 @@ impl NodeVersionReconciler {
         if let Some(r) = rollout_trace {
             annotations.insert(ROLLOUT_TRACEPARENT_ANNOTATION.to_string(), r.header());
         }
+        // A join given up counts against this target only (see rollout::halt).
+        annotations.insert(TARGET_ANNOTATION.to_string(), super::decide::rollout_target(nv));
         let pn = PendingNode {
             metadata: ObjectMeta {
                 name: Some(name.clone()),

@@ -14,8 +14,11 @@ use crate::api::update::annotations::{
     COMPONENTS_ANNOTATION, DONOR_ANNOTATION, GROUP_ANNOTATION, HEIR_ANNOTATION, IMAGE_ANNOTATION,
     OBSOLETE_ANNOTATION,
 };
+use crate::api::update::halt::TARGET_ANNOTATION;
 use crate::api::update::{NodeVersion, PendingNodeGoal, Rollout};
+use crate::controllers::pending_node::JOIN_TIMED_OUT_ANNOTATION;
 use crate::node::node_is_ready;
+use crate::rollout::halt::JoinOutcomes;
 use crate::rollout::{DrainState, Facts, JoinFacts, NodeFacts};
 use crate::telemetry::trace::{
     ROLLOUT_TRACEPARENT_ANNOTATION, TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION,
@@ -105,12 +108,13 @@ pub(super) fn node_facts(
 }
 
 /// What the planner looks at: the scope's groups, its nodes' facts, the
-/// joins on their way and the budgets `rollout` sets.
+/// joins on their way, the budgets `rollout` sets and whether it `halted`.
 pub(super) fn facts<'a>(
     rollout: &Rollout,
     scope: &'a Scope,
     nodes: &'a [NodeFacts],
     joins: &'a Joins,
+    halted: bool,
 ) -> Facts<'a> {
     let limits = rollout.limits_for(nodes.len(), 1);
     Facts {
@@ -120,7 +124,57 @@ pub(super) fn facts<'a>(
         max_surge: limits.max_surge,
         max_unavailable: limits.max_unavailable,
         control_plane_first: rollout.control_plane_first(),
+        halted,
     }
+}
+
+/// The rollout's target as a halt record names it: the image, and the
+/// components reference when the NodeVersion names one.
+pub(super) fn rollout_target(nv: &NodeVersion) -> String {
+    match nv.spec.kubernetes_components_reference.as_str() {
+        "" => nv.spec.image.clone(),
+        components => format!("{} {components}", nv.spec.image),
+    }
+}
+
+/// What the PendingNodes of `scope` created for `target` say of its new
+/// nodes: the ones given up (by node name, else PendingNode name), and
+/// whether one joined (its Node exists while its PendingNode still tracks it).
+pub(super) fn join_outcomes(scope: &Scope, target: &str) -> JoinOutcomes {
+    let mut seen = JoinOutcomes::default();
+    for p in scope
+        .pending
+        .iter()
+        .filter(|p| p.annotations().get(TARGET_ANNOTATION).map(String::as_str) == Some(target))
+    {
+        if p.annotations().contains_key(JOIN_TIMED_OUT_ANNOTATION) {
+            seen.failed.push(match p.spec.node_name.as_str() {
+                "" => p.name_any(),
+                node => node.to_string(),
+            });
+        } else if p.spec.goal == Some(PendingNodeGoal::Join)
+            && !p.spec.node_name.is_empty()
+            && scope.nodes.iter().any(|n| n.name_any() == p.spec.node_name)
+        {
+            seen.joined = true;
+        }
+    }
+    seen.failed.sort();
+    seen
+}
+
+/// The image most outdated nodes of `scope` run (the way back from a halt).
+pub(super) fn previous_image(nv: &NodeVersion, scope: &Scope) -> Option<String> {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for n in scope.nodes.iter().filter(|n| !is_current(nv, n)) {
+        if let Some(image) = annotation(n, IMAGE_ANNOTATION).filter(|i| *i != nv.spec.image) {
+            *counts.entry(image).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, count)| *count)
+        .map(|(image, _)| image.to_string())
 }
 
 /// Has `n` the annotations `is_current` judges by: its image, and its

@@ -167,6 +167,7 @@ impl NodeVersionReconciler {
             invalid_nodes: self.invalid_nodes(),
             etcd_waits,
             control_plane_failed: None,
+            halted: None,
         }
     }
 

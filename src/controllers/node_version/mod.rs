@@ -209,7 +209,9 @@ impl NodeVersionReconciler {
         // Decide.
         let node_facts = decide::node_facts(nv, &scope, &joins, |node| self.drain_state(node));
         let in_force = self.rollout(nv);
-        let facts = decide::facts(&in_force, &scope, &node_facts, &joins);
+        let halt = self.halt(nv, &scope, &in_force).await;
+        let halted = halt.as_ref().is_some_and(|h| h.is_halted());
+        let facts = decide::facts(&in_force, &scope, &node_facts, &joins, halted);
         // Nodes wait while the control plane is upgraded in place.
         let steps = match control_plane.hold {
             true => Vec::new(),
@@ -227,12 +229,16 @@ impl NodeVersionReconciler {
         // Report.
         let mut problems = self.problems(&scope, etcd_waits);
         problems.control_plane_failed = control_plane.failed.clone();
+        problems.halted = halt.as_ref().filter(|h| h.is_halted()).map(|h| {
+            rollout::halt::message(h, &nv.spec.image, decide::previous_image(nv, &scope).as_deref())
+        });
         let pass = status::Pass {
             facts: &facts,
             counts: &counts,
             steps: &steps,
             problems: &problems,
             control_plane: &control_plane,
+            halt: halt.as_ref(),
         };
         self.write_status(nv, &pass).await?;
         let etcd_recheck = (!problems.etcd_waits.is_empty()).then_some(ETCD_RECHECK);

@@ -4,7 +4,7 @@
 
 use std::time::SystemTime;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -12,10 +12,13 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::NodeVersionReconciler;
+use super::decide;
+use super::gather::Scope;
 use super::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
 use super::status::{Pass, next_status};
 use crate::api::conditions::set_condition;
-use crate::api::update::{NodeVersion, NodeVersionStatus, condition};
+use crate::api::update::halt::RESUME_ANNOTATION;
+use crate::api::update::{NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, condition};
 use crate::controllers::replacement_trace::{FinishedReplacement, trace_node_deleted, trace_rollout_end};
 use crate::error::Result;
 use crate::rollout;
@@ -208,6 +211,30 @@ impl NodeVersionReconciler {
         }
     }
 
+    /// The halt record after this pass: the record last written, the
+    /// target's failed and joined nodes seen in `scope`, the threshold in
+    /// force and the resume annotation (see `rollout::halt`).
+    pub(super) async fn halt(
+        &self,
+        nv: &NodeVersion,
+        scope: &Scope,
+        in_force: &Rollout,
+    ) -> Option<RolloutHalt> {
+        let base = self.status_writes.latest(nv).await;
+        let target = decide::rollout_target(nv);
+        let seen = decide::join_outcomes(scope, &target);
+        let resume = nv.annotations().get(RESUME_ANNOTATION).map(String::as_str);
+        let now = Time(Timestamp::now());
+        rollout::halt::next(
+            base.halt.as_ref(),
+            &target,
+            &seen,
+            in_force.halt_after_failed_joins(),
+            resume,
+            &now,
+        )
+    }
+
     /// Writes the status after `pass` (in the background, see
     /// `StatusWrites`), and tells of new settings in force or a new reason
     /// the rollout is blocked.
@@ -220,7 +247,7 @@ impl NodeVersionReconciler {
             return Ok(());
         }
         self.status_writes
-            .start(self.client.clone(), &self.queue, nv, status.clone());
+            .start(self.client.clone(), &self.queue, nv, (&base, status.clone()));
         self.announce_changes(nv, &base, &status);
         Ok(())
     }
@@ -238,6 +265,7 @@ impl NodeVersionReconciler {
                 format!("in force: {message}"),
             );
         }
+        self.announce_halt(nv, before.halt.as_ref(), after.halt.as_ref());
         let was = degraded(&before.rollout_conditions);
         if let Some((reason, message)) = degraded(&after.rollout_conditions)
             && was.as_ref().map(|b| &b.0) != Some(&reason)
@@ -248,6 +276,45 @@ impl NodeVersionReconciler {
                 "RolloutBlocked",
                 format!("{reason}: {message}"),
             );
+        }
+    }
+}
+
+impl NodeVersionReconciler {
+    /// A halt that began or ended: an Event, and a span in the rollout's trace.
+    fn announce_halt(&self, nv: &NodeVersion, before: Option<&RolloutHalt>, after: Option<&RolloutHalt>) {
+        let halted = |h: Option<&RolloutHalt>| h.is_some_and(RolloutHalt::is_halted);
+        match (halted(before), after.filter(|h| h.is_halted())) {
+            (false, Some(halt)) => {
+                let failed = halt.failed_joins.join(", ");
+                tracing::warn!(nodeversion = %nv.name_any(), image = %nv.spec.image, %failed, "rollout halted");
+                self.event(
+                    nv,
+                    EventType::Warning,
+                    "RolloutHalted",
+                    format!(
+                        "{} new node(s) in a row of image {} were given up ({failed}): no instance is created and no node retired",
+                        halt.failed_joins.len(),
+                        nv.spec.image
+                    ),
+                );
+                if let Some((tp, _)) = trace::from_annotations(nv.metadata.annotations.as_ref()) {
+                    let now = SystemTime::now();
+                    let mut span = trace::SpanRecord::new(trace::ROLLOUT_HALTED, now, now)
+                        .attr("nodewarden.nodeversion", nv.name_any())
+                        .attr("nodewarden.image.new", nv.spec.image.clone())
+                        .attr("nodewarden.failed_joins", failed.clone());
+                    span.error = Some(format!("halted after {} failed joins", halt.failed_joins.len()));
+                    trace::emit_phase(&tp, span);
+                }
+            }
+            (true, None) => self.event(
+                nv,
+                EventType::Normal,
+                "RolloutResumed",
+                format!("the rollout to image {} goes on", nv.spec.image),
+            ),
+            _ => {}
         }
     }
 }

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::conditions::set_condition;
 use crate::api::update::rollout::SettingSource;
 use crate::api::update::{
-    NodeCounts, NodeVersion, NodeVersionStatus, Rollout, StatusList, condition, message, reason,
+    NodeCounts, NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, StatusList, condition, message, reason,
 };
 use crate::rollout::{self, DrainState, Facts, NodeFacts, Role, Step};
 
@@ -33,6 +33,8 @@ pub struct Problems {
     pub etcd_waits: Vec<String>,
     /// Why the control plane's upgrade (upgrade-agent) failed.
     pub control_plane_failed: Option<String>,
+    /// The rollout halted: the evidence and the ways on.
+    pub halted: Option<String>,
 }
 
 /// What a pass found and planned, as its status reports it.
@@ -47,6 +49,8 @@ pub(super) struct Pass<'a> {
     pub(super) problems: &'a Problems,
     /// The control plane's in-place upgrade.
     pub(super) control_plane: &'a super::control_plane::ControlPlane,
+    /// The failed joins of the target, and whether the rollout halted.
+    pub(super) halt: Option<&'a RolloutHalt>,
 }
 
 /// The status after `pass`, built on `base` (the status last written): its
@@ -62,6 +66,7 @@ pub(super) fn next_status(
     let (facts, counts) = (pass.facts, pass.counts);
     let mut status = base.clone();
     set_lists(&mut status, pass);
+    status.halt = pass.halt.cloned();
     if let Some(active) = pass.control_plane.active {
         status.active_cluster_version_upgrade = active;
     }
@@ -261,7 +266,7 @@ fn rollout_conditions(
     set_condition(
         &mut conditions,
         condition::PROGRESSING,
-        counts.outdated > 0,
+        counts.outdated > 0 && !facts.halted,
         match control_plane_hold {
             true => reason::UPGRADING_CONTROL_PLANE,
             false => progressing_reason(facts, counts, steps),
@@ -306,6 +311,8 @@ fn progressing_reason(facts: &Facts<'_>, counts: &rollout::Counts, steps: &[Step
     let waiting_for_group = facts.groups.iter().any(|g| !g.image_ready);
     if counts.outdated == 0 {
         reason::ROLLOUT_COMPLETE
+    } else if facts.halted {
+        reason::ROLLOUT_HALTED
     } else if waiting_for_group && steps.is_empty() {
         reason::WAITING_FOR_SCALING_GROUP
     } else if waiting_for_control_plane(facts) {
@@ -328,6 +335,9 @@ fn degradations(facts: &Facts<'_>, problems: &Problems) -> Vec<(&'static str, St
         v.iter().map(String::as_str).collect()
     }
     let mut found: Vec<(&str, String)> = Vec::new();
+    if let Some(why) = &problems.halted {
+        found.push((reason::ROLLOUT_HALTED, why.clone()));
+    }
     if let Some(why) = &problems.control_plane_failed {
         found.push((
             reason::CONTROL_PLANE_UPGRADE_FAILED,
@@ -564,6 +574,7 @@ mod tests {
                 max_surge: 1,
                 max_unavailable: 0,
                 control_plane_first: cp_first,
+                halted: false,
             };
             let counts = rollout::counts(&facts);
             let steps = rollout::plan(&facts);
@@ -577,6 +588,7 @@ mod tests {
                 steps: &steps,
                 problems,
                 control_plane: &control_plane,
+                halt: None,
             };
             let got = rollout_conditions(Vec::new(), &pass, Some(3), Timestamp::now());
             let got = reasons(&got);
@@ -668,7 +680,7 @@ mod tests {
         assert_eq!(
             c.message,
             "maxSurge 3 (operator), maxUnavailable 10% (spec), controlPlaneFirst true (built in), \
-             joinTimeout 30m (built in), drainTimeout none (built in)"
+             joinTimeout 30m (built in), drainTimeout none (built in), haltAfterFailedJoins 3 (built in)"
         );
         let all = Rollout {
             max_surge: Some(IntOrString::Int(1)),
@@ -676,6 +688,7 @@ mod tests {
             control_plane_first: Some(true),
             join_timeout: Some("5m".into()),
             drain_timeout: Some("1h".into()),
+            halt_after_failed_joins: Some(2),
         };
         let mut conditions = Vec::new();
         settings_condition(&mut conditions, &all, &operator, Some(4), Timestamp::now());

@@ -76,17 +76,18 @@ impl StatusWrites {
         }
     }
 
-    /// Writes `status` onto `nv` in the background.
+    /// Writes `status` onto `nv` in the background (`base`: the status it
+    /// was built on).
     pub(super) fn start(
         &self,
         client: Client,
         queue: &WorkQueue<Key<NodeVersion>>,
         nv: &NodeVersion,
-        status: NodeVersionStatus,
+        (base, status): (&NodeVersionStatus, NodeVersionStatus),
     ) {
         let name = nv.name_any();
         let (queue, key) = (queue.clone(), Key::<NodeVersion>::cluster(&name));
-        let patch = json!({"status": &status});
+        let patch = json!({"status": merge_patch(base, &status)});
         let write_name = name.clone();
         let task = tokio::spawn(async move {
             let api: Api<NodeVersion> = Api::all(client);
@@ -107,9 +108,60 @@ impl StatusWrites {
     }
 }
 
+/// `status` as a merge patch over `base`: a field `base` has and `status`
+/// leaves out (an emptied list, a halt record gone or a field of it) is sent
+/// as null, at every depth, since a merge patch keeps every field it does
+/// not name.
+fn merge_patch(base: &NodeVersionStatus, status: &NodeVersionStatus) -> serde_json::Value {
+    let mut after = serde_json::to_value(status).unwrap_or_default();
+    if let Ok(before) = serde_json::to_value(base) {
+        clear_left_out(&before, &mut after);
+    }
+    after
+}
+
+/// Sets to null each field of `before` that `after` leaves out (objects
+/// only: a merge patch replaces arrays whole).
+fn clear_left_out(before: &serde_json::Value, after: &mut serde_json::Value) {
+    let (serde_json::Value::Object(before), serde_json::Value::Object(fields)) = (before, after) else {
+        return;
+    };
+    for (key, was) in before {
+        match fields.get_mut(key) {
+            Some(now) => clear_left_out(was, now),
+            None => {
+                fields.insert(key.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_field_the_new_status_leaves_out_is_cleared() {
+        let base: NodeVersionStatus = serde_json::from_value(json!({
+            "outdated": [{"kind": "Node", "name": "a"}],
+            "budget": 1,
+            "halt": {"target": "img", "failedJoins": ["x"]},
+        }))
+        .expect("a status");
+        let after: NodeVersionStatus = serde_json::from_value(json!({"budget": 2})).expect("a status");
+        assert_eq!(
+            merge_patch(&base, &after),
+            json!({"budget": 2, "outdated": null, "halt": null, "activeclusterversionupgrade": false, "conditions": []}),
+        );
+        // Within an object kept: its fields left out are cleared too.
+        let resumed: NodeVersionStatus =
+            serde_json::from_value(json!({"budget": 1, "halt": {"target": "img", "forgiven": ["x"]}}))
+                .expect("a status");
+        assert_eq!(
+            merge_patch(&base, &resumed)["halt"],
+            json!({"target": "img", "forgiven": ["x"], "failedJoins": null}),
+        );
+    }
 
     #[tokio::test]
     async fn a_pass_builds_on_the_status_last_written_until_the_store_shows_it() {
