@@ -258,6 +258,13 @@ struct RunArgs {
     /// (default 3; 0 never halts).
     #[arg(long)]
     rollout_halt_after_failed_joins: Option<u32>,
+    /// waves of a rollout whose NodeVersion sets none: sizes, comma
+    /// separated (e.g. 1,10%,100%: one node, a tenth, then the rest).
+    #[arg(long, value_parser = int_or_percent, value_delimiter = ',')]
+    rollout_waves: Option<Vec<IntOrString>>,
+    /// soakTime of a rollout whose NodeVersion sets none (e.g. 10m).
+    #[arg(long, value_parser = go_duration)]
+    rollout_soak_time: Option<String>,
     /// Watch upgrade Plans in this namespace only (default: all namespaces).
     #[arg(long, env = "NODEWARDEN_PLAN_NAMESPACE")]
     plan_namespace: Option<String>,
@@ -685,6 +692,8 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             join_timeout: args.rollout_join_timeout,
             drain_timeout: args.rollout_drain_timeout,
             halt_after_failed_joins: args.rollout_halt_after_failed_joins,
+            waves: args.rollout_waves,
+            soak_time: args.rollout_soak_time,
         },
         plans,
     };

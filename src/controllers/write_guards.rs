@@ -612,6 +612,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("rollout/halt.rs", include_str!("../rollout/halt.rs")),
     ("rollout/mod.rs", include_str!("../rollout/mod.rs")),
     ("rollout/plan.rs", include_str!("../rollout/plan.rs")),
+    ("rollout/waves.rs", include_str!("../rollout/waves.rs")),
     ("sip/hosts.rs", include_str!("../sip/hosts.rs")),
     ("sip/mod.rs", include_str!("../sip/mod.rs")),
     ("sip/schedule.rs", include_str!("../sip/schedule.rs")),

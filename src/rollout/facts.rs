@@ -85,4 +85,6 @@ pub struct Facts<'a> {
     /// The rollout halted (`status.halt`): no instance is created, no node
     /// paired, drained or retired; only surplus nodes go.
     pub halted: bool,
+    /// Replacements the rollout's waves allow to start now; None: no waves.
+    pub wave_starts: Option<usize>,
 }

@@ -23,6 +23,7 @@
 mod facts;
 pub mod halt;
 mod plan;
+pub mod waves;
 
 pub use facts::{DrainState, Facts, GroupFacts, JoinFacts, NodeFacts, Role};
 pub use plan::{Counts, Step, counts, plan, workers_wait_for_control_plane};

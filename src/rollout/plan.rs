@@ -114,8 +114,12 @@ pub fn plan(f: &Facts) -> Vec<Step> {
     let mut taken: BTreeSet<&str> = BTreeSet::new();
     steps.extend(planner.finish_half_pairings(&mut taken));
     steps.extend(planner.pair_mints(&mut taken));
-    steps.extend(planner.drain_early(&taken));
-    let creates = planner.create_instances(&taken, &steps);
+    let early = planner.drain_early(&taken);
+    // A node drained early starts its replacement: the rest of the wave's
+    // starts go to new instances.
+    let wave_left = f.wave_starts.map(|w| w.saturating_sub(early.len()));
+    steps.extend(early);
+    let creates = planner.create_instances(&taken, &steps, wave_left);
     steps.extend(creates);
     steps
 }
@@ -252,7 +256,12 @@ impl<'a> Planner<'a> {
                     && !taken.contains(n.name.as_str())
                     && !self.blocked(&n.group)
             })
-            .take(self.f.max_unavailable.saturating_sub(self.counts.unavailable))
+            .take(
+                self.f
+                    .max_unavailable
+                    .saturating_sub(self.counts.unavailable)
+                    .min(self.f.wave_starts.unwrap_or(usize::MAX)),
+            )
             .map(|node| Step::Drain {
                 node: node.name.clone(),
             })
@@ -266,8 +275,18 @@ impl<'a> Planner<'a> {
     /// joining, joined nodes not paired yet — take those slots first, and a
     /// mint pairs with a drained node first, so a slot is never used twice.
     /// `planned`: the steps planned so far (the pairings among them).
-    fn create_instances(&self, taken: &BTreeSet<&'a str>, planned: &[Step]) -> Vec<Step> {
-        let mut surge_left = self.f.max_surge.saturating_sub(self.counts.surge);
+    /// `wave_left`: the new starts the waves allow (None: no waves).
+    fn create_instances(
+        &self,
+        taken: &BTreeSet<&'a str>,
+        planned: &[Step],
+        wave_left: Option<usize>,
+    ) -> Vec<Step> {
+        let mut surge_left = self
+            .f
+            .max_surge
+            .saturating_sub(self.counts.surge)
+            .min(wave_left.unwrap_or(usize::MAX));
         let mut groups: Vec<&GroupFacts> = self.f.groups.iter().collect();
         groups.sort_by_key(|g| (g.role, g.id.clone()));
         let mut steps = Vec::new();
@@ -402,6 +421,7 @@ mod tests {
             max_unavailable: 0,
             control_plane_first: true,
             halted: false,
+            wave_starts: None,
         }
     }
 
@@ -466,6 +486,24 @@ mod tests {
             [Step::Retire { node: "s".into() }],
             "halted: no create, pair, drain or retire of a donor"
         );
+    }
+
+    #[test]
+    fn a_wave_bounds_the_replacements_started_early_drains_first() {
+        let groups = [group("w", Role::Worker)];
+        let nodes: Vec<NodeFacts> = (0..6).map(|i| old(&format!("n{i}"), "w")).collect();
+        let mut f = facts(&groups, &nodes, &[], 5);
+        f.wave_starts = Some(2);
+        assert_eq!(plan(&f), [create("w", 2)], "the wave's two, not the surge's five");
+        f.max_unavailable = 1;
+        let steps = plan(&f);
+        assert_eq!(
+            steps,
+            [Step::Drain { node: "n0".into() }, create("w", 1)],
+            "the node drained early is one of the two starts (its instance comes once drained), one new instance the other"
+        );
+        f.wave_starts = Some(0);
+        assert_eq!(plan(&f), [], "a wave soaking starts nothing");
     }
 
     #[test]

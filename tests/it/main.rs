@@ -45,6 +45,7 @@ mod reflector;
 mod rollout;
 mod rollout_halt;
 mod rollout_planner_props;
+mod rollout_waves;
 mod sim_cloud;
 mod sip;
 mod sip_ha;

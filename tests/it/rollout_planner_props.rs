@@ -52,6 +52,7 @@ impl World {
             max_unavailable: self.max_unavailable,
             control_plane_first: self.control_plane_first,
             halted: false,
+            wave_starts: None,
         }
     }
 

@@ -55,6 +55,10 @@ The container's args: `nodewarden run` with the flags the values ask for
 {{- include "nodewarden.flag" (list "rollout-join-timeout" $v.rollout.joinTimeout) }}
 {{- include "nodewarden.flag" (list "rollout-drain-timeout" $v.rollout.drainTimeout) }}
 {{- include "nodewarden.flag" (list "rollout-halt-after-failed-joins" $v.rollout.haltAfterFailedJoins) }}
+{{- with $v.rollout.waves }}
+{{- include "nodewarden.flag" (list "rollout-waves" (join "," .)) }}
+{{- end }}
+{{- include "nodewarden.flag" (list "rollout-soak-time" $v.rollout.soakTime) }}
 {{- with $v.etcd.endpoints }}
 {{- include "nodewarden.flag" (list "etcd-endpoints" (join "," .)) }}
 {{- end }}

@@ -15,6 +15,7 @@ pub mod node_version;
 pub mod pending_node;
 pub mod rollout;
 pub mod scaling_group;
+pub mod waves;
 
 pub use autoscaling_strategy::{AutoscalingStrategy, AutoscalingStrategySpec, AutoscalingStrategyStatus};
 pub use halt::RolloutHalt;
@@ -23,6 +24,7 @@ pub use node_version::{NodeCounts, NodeVersion, NodeVersionSpec, NodeVersionStat
 pub use pending_node::{CspNodeState, PendingNode, PendingNodeGoal, PendingNodeSpec, PendingNodeStatus};
 pub use rollout::{Rollout, RolloutLimits};
 pub use scaling_group::{NodeRole, ScalingGroup, ScalingGroupSpec, ScalingGroupStatus};
+pub use waves::WaveStatus;
 
 /// The API group.
 pub const GROUP: &str = "update.edgeless.systems";
@@ -77,6 +79,9 @@ pub mod reason {
     pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
     /// Degraded=False.
     pub const AS_EXPECTED: &str = "AsExpected";
+    /// Progressing=True: a wave is done; the next starts once every node
+    /// is Ready and `soakTime` has passed.
+    pub const SOAKING_WAVE: &str = "SoakingWave";
     /// Degraded=True, Progressing=False: `haltAfterFailedJoins` new nodes in
     /// a row were given up; the rollout waits for a person.
     pub const ROLLOUT_HALTED: &str = "RolloutHalted";

@@ -206,6 +206,9 @@ pub struct NodeVersionStatus {
     /// halted on them (`spec.rollout.haltAfterFailedJoins`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halt: Option<super::RolloutHalt>,
+    /// The wave under way (`spec.rollout.waves`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave: Option<super::WaveStatus>,
 }
 
 /// A map of counts. schemars says `format: uint32` for a u32, a format

@@ -34,6 +34,24 @@ const COUNT_OR_PERCENT_TO_100_RULE: &str =
 /// CEL: a Go duration, the same shape `parse_duration` reads.
 const DURATION_RULE: &str = "self.matches('^([0-9]+(\\\\.[0-9]+)?(ms|s|m|h))+$')";
 
+/// `waves`: at most 6 sizes, each a count of 1 or more or a percentage
+/// (checked per item: a rule over the whole list costs the API server's
+/// CEL budget many times over).
+fn wave_sizes(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 6,
+        "items": {
+            "x-kubernetes-int-or-string": true,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-validations": [{
+                "rule": "type(self) == int ? self >= 1 : self.matches('^[0-9]+%$')",
+                "message": "spec.rollout.waves must be counts (1 or more) or percentages such as 10%",
+            }],
+        },
+    })
+}
+
 /// Settings of the rolling replacement. Every field is optional and has no
 /// schema default: an absent field takes the operator's default (its
 /// `--rollout-*` flags), else Constellation's behaviour. So a client that
@@ -89,6 +107,20 @@ pub struct Rollout {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "int32"))]
     pub halt_after_failed_joins: Option<u32>,
+    /// Replace in waves: each wave's size, a count or a percentage of the
+    /// nodes (rounded up); the last size repeats until all are done. E.g.
+    /// `[1, "10%", "100%"]`: one node, then a tenth, then the rest. A wave
+    /// starts once the one before is done, every node on the target is
+    /// Ready and soakTime has passed. Unset: no waves (maxSurge alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "wave_sizes")]
+    pub waves: Option<Vec<IntOrString>>,
+    /// How long to wait after a wave is done and Ready before the next
+    /// starts (e.g. "10m"). Unset: the operator's default, else none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE)
+        .message("spec.rollout.soakTime must be a duration such as 90s, 30m or 1h30m"))]
+    pub soak_time: Option<String>,
 }
 
 /// Where a setting in force came from.
@@ -126,6 +158,8 @@ impl Rollout {
                 .clone()
                 .or_else(|| defaults.drain_timeout.clone()),
             halt_after_failed_joins: self.halt_after_failed_joins.or(defaults.halt_after_failed_joins),
+            waves: self.waves.clone().or_else(|| defaults.waves.clone()),
+            soak_time: self.soak_time.clone().or_else(|| defaults.soak_time.clone()),
         }
     }
 
@@ -149,6 +183,12 @@ impl Rollout {
         let (join, join_from) = pick(&own.join_timeout, &defaults.join_timeout);
         let (drain, drain_from) = pick(&own.drain_timeout, &defaults.drain_timeout);
         let (halt, halt_from) = pick(&own.halt_after_failed_joins, &defaults.halt_after_failed_joins);
+        let (waves, waves_from) = pick(&own.waves, &defaults.waves);
+        let (soak, soak_from) = pick(&own.soak_time, &defaults.soak_time);
+        let waves = waves.map(|w| {
+            let sizes: Vec<String> = w.into_iter().map(int_or_string).collect();
+            format!("[{}]", sizes.join(", "))
+        });
         vec![
             (
                 "maxSurge",
@@ -172,6 +212,8 @@ impl Rollout {
                 halt.unwrap_or(DEFAULT_HALT_AFTER_FAILED_JOINS).to_string(),
                 halt_from,
             ),
+            ("waves", waves.unwrap_or("none".into()), waves_from),
+            ("soakTime", soak.unwrap_or("none".into()), soak_from),
         ]
     }
 }
@@ -232,6 +274,14 @@ impl Rollout {
         parse_duration(self.join_timeout.as_deref().unwrap_or(DEFAULT_JOIN_TIMEOUT))
             .or_else(|| parse_duration(DEFAULT_JOIN_TIMEOUT))
             .unwrap_or(Duration::from_secs(30 * 60))
+    }
+
+    /// `soakTime` as a Duration; none when unset or malformed.
+    pub fn soak_time(&self) -> Duration {
+        self.soak_time
+            .as_deref()
+            .and_then(parse_duration)
+            .unwrap_or(Duration::ZERO)
     }
 
     /// `haltAfterFailedJoins`, 3 when unset (0: never halt).
@@ -436,6 +486,8 @@ mod tests {
             ("joinTimeout", "10m", SettingSource::Operator),
             ("drainTimeout", "none", SettingSource::Builtin),
             ("haltAfterFailedJoins", "3", SettingSource::Builtin),
+            ("waves", "none", SettingSource::Builtin),
+            ("soakTime", "none", SettingSource::Builtin),
         ];
         let got: Vec<(&str, &str, SettingSource)> =
             described.iter().map(|(k, v, s)| (*k, v.as_str(), *s)).collect();

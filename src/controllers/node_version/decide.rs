@@ -125,6 +125,7 @@ pub(super) fn facts<'a>(
         max_unavailable: limits.max_unavailable,
         control_plane_first: rollout.control_plane_first(),
         halted,
+        wave_starts: None,
     }
 }
 

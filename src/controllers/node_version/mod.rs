@@ -211,7 +211,9 @@ impl NodeVersionReconciler {
         let in_force = self.rollout(nv);
         let halt = self.halt(nv, &scope, &in_force).await;
         let halted = halt.as_ref().is_some_and(|h| h.is_halted());
-        let facts = decide::facts(&in_force, &scope, &node_facts, &joins, halted);
+        let mut facts = decide::facts(&in_force, &scope, &node_facts, &joins, halted);
+        let wave = self.wave(nv, &in_force, &facts).await;
+        facts.wave_starts = wave.as_ref().map(|w| w.starts);
         // Nodes wait while the control plane is upgraded in place.
         let steps = match control_plane.hold {
             true => Vec::new(),
@@ -239,11 +241,18 @@ impl NodeVersionReconciler {
             problems: &problems,
             control_plane: &control_plane,
             halt: halt.as_ref(),
+            wave: wave.as_ref().map(|w| &w.status),
         };
         self.write_status(nv, &pass).await?;
         let etcd_recheck = (!problems.etcd_waits.is_empty()).then_some(ETCD_RECHECK);
+        let soak_ends = wave.and_then(|w| w.recheck);
         Ok(
-            match etcd_recheck.into_iter().chain(control_plane.recheck).min() {
+            match etcd_recheck
+                .into_iter()
+                .chain(control_plane.recheck)
+                .chain(soak_ends)
+                .min()
+            {
                 Some(after) => Action::RequeueAfter(after),
                 None => Action::Done,
             },

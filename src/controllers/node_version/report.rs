@@ -21,7 +21,7 @@ use crate::api::update::halt::RESUME_ANNOTATION;
 use crate::api::update::{NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, condition};
 use crate::controllers::replacement_trace::{FinishedReplacement, trace_node_deleted, trace_rollout_end};
 use crate::error::Result;
-use crate::rollout;
+use crate::rollout::{self, Facts, waves::Allowance};
 use crate::telemetry::trace::{self, TRACE_STARTED_ANNOTATION, TRACEPARENT_ANNOTATION, TraceParent};
 
 impl NodeVersionReconciler {
@@ -233,6 +233,28 @@ impl NodeVersionReconciler {
             resume,
             &now,
         )
+    }
+
+    /// What the rollout's waves allow now (None: it has none), from the
+    /// record last written and where `facts`' nodes stand.
+    pub(super) async fn wave(
+        &self,
+        nv: &NodeVersion,
+        in_force: &Rollout,
+        facts: &Facts<'_>,
+    ) -> Option<Allowance> {
+        let waves = in_force.waves.as_ref().filter(|w| !w.is_empty())?;
+        let base = self.status_writes.latest(nv).await;
+        let progress = rollout::waves::progress(facts);
+        let ends = rollout::waves::ends(waves, progress.total);
+        Some(rollout::waves::allow(
+            base.wave.as_ref(),
+            &decide::rollout_target(nv),
+            &ends,
+            progress,
+            in_force.soak_time(),
+            &Time(Timestamp::now()),
+        ))
     }
 
     /// Writes the status after `pass` (in the background, see

@@ -9,7 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::conditions::set_condition;
 use crate::api::update::rollout::SettingSource;
 use crate::api::update::{
-    NodeCounts, NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, StatusList, condition, message, reason,
+    NodeCounts, NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, StatusList, WaveStatus, condition,
+    message, reason,
 };
 use crate::rollout::{self, DrainState, Facts, NodeFacts, Role, Step};
 
@@ -51,6 +52,8 @@ pub(super) struct Pass<'a> {
     pub(super) control_plane: &'a super::control_plane::ControlPlane,
     /// The failed joins of the target, and whether the rollout halted.
     pub(super) halt: Option<&'a RolloutHalt>,
+    /// The wave under way, when the rollout has waves.
+    pub(super) wave: Option<&'a WaveStatus>,
 }
 
 /// The status after `pass`, built on `base` (the status last written): its
@@ -67,6 +70,7 @@ pub(super) fn next_status(
     let mut status = base.clone();
     set_lists(&mut status, pass);
     status.halt = pass.halt.cloned();
+    status.wave = pass.wave.cloned();
     if let Some(active) = pass.control_plane.active {
         status.active_cluster_version_upgrade = active;
     }
@@ -269,6 +273,13 @@ fn rollout_conditions(
         counts.outdated > 0 && !facts.halted,
         match control_plane_hold {
             true => reason::UPGRADING_CONTROL_PLANE,
+            false
+                if !facts.halted
+                    && counts.outdated > 0
+                    && pass.wave.is_some_and(|w| w.finished_at.is_some()) =>
+            {
+                reason::SOAKING_WAVE
+            }
             false => progressing_reason(facts, counts, steps),
         },
         format!(
@@ -575,6 +586,7 @@ mod tests {
                 max_unavailable: 0,
                 control_plane_first: cp_first,
                 halted: false,
+                wave_starts: None,
             };
             let counts = rollout::counts(&facts);
             let steps = rollout::plan(&facts);
@@ -589,6 +601,7 @@ mod tests {
                 problems,
                 control_plane: &control_plane,
                 halt: None,
+                wave: None,
             };
             let got = rollout_conditions(Vec::new(), &pass, Some(3), Timestamp::now());
             let got = reasons(&got);
@@ -680,7 +693,7 @@ mod tests {
         assert_eq!(
             c.message,
             "maxSurge 3 (operator), maxUnavailable 10% (spec), controlPlaneFirst true (built in), \
-             joinTimeout 30m (built in), drainTimeout none (built in), haltAfterFailedJoins 3 (built in)"
+             joinTimeout 30m (built in), drainTimeout none (built in), haltAfterFailedJoins 3 (built in), waves none (built in), soakTime none (built in)"
         );
         let all = Rollout {
             max_surge: Some(IntOrString::Int(1)),
@@ -689,6 +702,8 @@ mod tests {
             join_timeout: Some("5m".into()),
             drain_timeout: Some("1h".into()),
             halt_after_failed_joins: Some(2),
+            waves: Some(vec![IntOrString::Int(1)]),
+            soak_time: Some("1m".into()),
         };
         let mut conditions = Vec::new();
         settings_condition(&mut conditions, &all, &operator, Some(4), Timestamp::now());
