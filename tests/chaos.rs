@@ -381,16 +381,10 @@ async fn a_rollout_survives_every_fault_at_once() {
     let not_one: Vec<_> = per_node.iter().filter(|(_, n)| **n != 1).collect();
     assert!(not_one.is_empty(), "replacement traces per node: {not_one:?}");
 
-    let instances = r
-        .sim
-        .sim
-        .provider
-        .list_instances()
-        .await
-        .expect("listing instances");
+    let made = r.instances_of(NEW_IMAGE).await.len();
     println!(
         "chaos seed {seed}: {NODES} nodes rolled in {took:?}; {} instances made; {} writes checked against {} lease terms ({:?}); {expired} watches expired",
-        instances.iter().filter(|i| i.instance.image == NEW_IMAGE).count(),
+        made,
         checked,
         terms.terms.len(),
         terms.checked,

@@ -120,12 +120,7 @@ async fn an_instance_that_never_joins_is_deleted_and_replaced() {
         never_join: 1,
         ..Default::default()
     };
-    r.sim
-        .sim
-        .provider
-        .set_faults(&faults)
-        .await
-        .expect("injecting neverJoin");
+    r.set_faults(&faults).await;
     let cloud: Arc<dyn CloudProvider> = Arc::new(r.sim.sim.provider.clone());
     let op = env
         .start_operator_with(MaintenanceConfig::default(), Some(cloud), "operator")

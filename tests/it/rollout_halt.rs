@@ -33,12 +33,7 @@ async fn roll_to_a_bad_image(r: &Rollout) -> NodeVersionStatus {
         never_join: 1000,
         ..Default::default()
     };
-    r.sim
-        .sim
-        .provider
-        .set_faults(&faults)
-        .await
-        .expect("injecting neverJoin");
+    r.set_faults(&faults).await;
     patch_node_version(
         env,
         json!({"spec": {"image": BAD, "rollout": {"maxSurge": SURGE, "haltAfterFailedJoins": THRESHOLD}}}),
@@ -121,12 +116,7 @@ async fn a_halted_rollout_resumed_after_its_cause_is_fixed_finishes() {
     roll_to_a_bad_image(&r).await;
 
     // The cause fixed (the cloud boots the image now), the rollout resumed.
-    r.sim
-        .sim
-        .provider
-        .set_faults(&Faults::default())
-        .await
-        .expect("clearing the faults");
+    r.set_faults(&Faults::default()).await;
     patch_node_version(
         env,
         json!({"metadata": {"annotations": {RESUME_ANNOTATION: "1"}}}),

@@ -411,6 +411,16 @@ impl Rollout {
             .await
     }
 
+    /// Sets the sim-cloud's faults (`Faults::default()` clears them).
+    pub async fn set_faults(&self, faults: &nodewarden::cloud::sim::wire::Faults) {
+        self.sim
+            .sim
+            .provider
+            .set_faults(faults)
+            .await
+            .expect("setting the sim-cloud's faults");
+    }
+
     /// Every instance of `image` the sim-cloud ever made.
     pub async fn instances_of(&self, image: &str) -> Vec<nodewarden::cloud::sim::wire::InstanceView> {
         let all = self

@@ -209,10 +209,13 @@ impl NodeVersionReconciler {
         // Decide.
         let node_facts = decide::node_facts(nv, &scope, &joins, |node| self.drain_state(node));
         let in_force = self.rollout(nv);
-        let halt = self.halt(nv, &scope, &in_force).await;
+        // The status last written: the halt and wave records come from it,
+        // and the new status is built on it.
+        let base = self.status_writes.latest(nv).await;
+        let halt = self.halt(nv, &base, &scope, &in_force);
         let halted = halt.as_ref().is_some_and(|h| h.is_halted());
         let mut facts = decide::facts(&in_force, &scope, &node_facts, &joins, halted);
-        let wave = self.wave(nv, &in_force, &facts).await;
+        let wave = self.wave(nv, &base, &in_force, &facts);
         facts.wave_starts = wave.as_ref().map(|w| w.starts);
         // Nodes wait while the control plane is upgraded in place.
         let steps = match control_plane.hold {
@@ -243,7 +246,7 @@ impl NodeVersionReconciler {
             halt: halt.as_ref(),
             wave: wave.as_ref().map(|w| &w.status),
         };
-        self.write_status(nv, &pass).await?;
+        self.write_status(nv, &base, &pass);
         let etcd_recheck = (!problems.etcd_waits.is_empty()).then_some(ETCD_RECHECK);
         let soak_ends = wave.and_then(|w| w.recheck);
         Ok(

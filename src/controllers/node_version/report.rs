@@ -211,16 +211,17 @@ impl NodeVersionReconciler {
         }
     }
 
-    /// The halt record after this pass: the record last written, the
-    /// target's failed and joined nodes seen in `scope`, the threshold in
-    /// force and the resume annotation (see `rollout::halt`).
-    pub(super) async fn halt(
+    /// The halt record after this pass: the record in `base` (the status
+    /// last written), the target's failed and joined nodes seen in
+    /// `scope`, the threshold in force and the resume annotation (see
+    /// `rollout::halt`).
+    pub(super) fn halt(
         &self,
         nv: &NodeVersion,
+        base: &NodeVersionStatus,
         scope: &Scope,
         in_force: &Rollout,
     ) -> Option<RolloutHalt> {
-        let base = self.status_writes.latest(nv).await;
         let target = decide::rollout_target(nv);
         let seen = decide::join_outcomes(scope, &target);
         let resume = nv.annotations().get(RESUME_ANNOTATION).map(String::as_str);
@@ -236,15 +237,15 @@ impl NodeVersionReconciler {
     }
 
     /// What the rollout's waves allow now (None: it has none), from the
-    /// record last written and where `facts`' nodes stand.
-    pub(super) async fn wave(
+    /// record in `base` and where `facts`' nodes stand.
+    pub(super) fn wave(
         &self,
         nv: &NodeVersion,
+        base: &NodeVersionStatus,
         in_force: &Rollout,
         facts: &Facts<'_>,
     ) -> Option<Allowance> {
         let waves = in_force.waves.as_ref().filter(|w| !w.is_empty())?;
-        let base = self.status_writes.latest(nv).await;
         let progress = rollout::waves::progress(facts);
         let ends = rollout::waves::ends(waves, progress.total);
         Some(rollout::waves::allow(
@@ -258,20 +259,17 @@ impl NodeVersionReconciler {
     }
 
     /// Writes the status after `pass` (in the background, see
-    /// `StatusWrites`), and tells of new settings in force or a new reason
-    /// the rollout is blocked.
-    pub(super) async fn write_status(&self, nv: &NodeVersion, pass: &Pass<'_>) -> Result<()> {
-        // The last write landed first (merge patches land in order), and
-        // the status is built on it.
-        let base = self.status_writes.latest(nv).await;
-        let status = next_status(&base, nv, pass, &self.rollout_defaults, Timestamp::now());
-        if status == base {
-            return Ok(());
+    /// `StatusWrites`), built on `base` (`StatusWrites::latest`: the last
+    /// write landed first, as merge patches land in order), and tells of new
+    /// settings in force or a new reason the rollout is blocked.
+    pub(super) fn write_status(&self, nv: &NodeVersion, base: &NodeVersionStatus, pass: &Pass<'_>) {
+        let status = next_status(base, nv, pass, &self.rollout_defaults, Timestamp::now());
+        if status == *base {
+            return;
         }
         self.status_writes
-            .start(self.client.clone(), &self.queue, nv, (&base, status.clone()));
-        self.announce_changes(nv, &base, &status);
-        Ok(())
+            .start(self.client.clone(), &self.queue, nv, (base, status.clone()));
+        self.announce_changes(nv, base, &status);
     }
 
     /// Events for what changed from `before` to `after`: the settings in
