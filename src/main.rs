@@ -265,6 +265,11 @@ struct RunArgs {
     /// soakTime of a rollout whose NodeVersion sets none (e.g. 10m).
     #[arg(long, value_parser = go_duration)]
     rollout_soak_time: Option<String>,
+    /// topologyKey of a rollout whose NodeVersion sets none: the Node label
+    /// whose values are failure domains, replaced one at a time (e.g.
+    /// topology.kubernetes.io/zone).
+    #[arg(long, value_parser = label_key)]
+    rollout_topology_key: Option<String>,
     /// Watch upgrade Plans in this namespace only (default: all namespaces).
     #[arg(long, env = "NODEWARDEN_PLAN_NAMESPACE")]
     plan_namespace: Option<String>,
@@ -694,6 +699,7 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             halt_after_failed_joins: args.rollout_halt_after_failed_joins,
             waves: args.rollout_waves,
             soak_time: args.rollout_soak_time,
+            topology_key: args.rollout_topology_key,
         },
         plans,
     };
@@ -737,6 +743,16 @@ fn go_duration(s: &str) -> Result<String, String> {
     match nodewarden::api::node_maintenance::parse_duration(s) {
         Some(_) => Ok(s.to_string()),
         None => Err(format!("{s:?} is not a duration such as 90s, 30m or 1h30m")),
+    }
+}
+
+/// A Node label key such as `topology.kubernetes.io/zone`.
+fn label_key(s: &str) -> Result<String, String> {
+    match nodewarden::api::update::rollout::is_label_key(s) {
+        true => Ok(s.to_string()),
+        false => Err(format!(
+            "{s:?} is not a label key such as topology.kubernetes.io/zone"
+        )),
     }
 }
 

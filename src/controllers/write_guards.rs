@@ -613,6 +613,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("rollout/mod.rs", include_str!("../rollout/mod.rs")),
     ("rollout/plan.rs", include_str!("../rollout/plan.rs")),
     ("rollout/waves.rs", include_str!("../rollout/waves.rs")),
+    ("rollout/domains.rs", include_str!("../rollout/domains.rs")),
     ("sip/hosts.rs", include_str!("../sip/hosts.rs")),
     ("sip/mod.rs", include_str!("../sip/mod.rs")),
     ("sip/schedule.rs", include_str!("../sip/schedule.rs")),

@@ -28,6 +28,9 @@ pub struct NodeFacts {
     pub name: String,
     /// The id of the node's scaling group.
     pub group: String,
+    /// Its failure domain: the value of the rollout's topologyKey label
+    /// ("" without one, or when the rollout has none).
+    pub domain: String,
     /// On the rollout's target version (image and Kubernetes components).
     pub up_to_date: bool,
     /// The node's Ready condition is True.
@@ -87,4 +90,6 @@ pub struct Facts<'a> {
     pub halted: bool,
     /// Replacements the rollout's waves allow to start now; None: no waves.
     pub wave_starts: Option<usize>,
+    /// Replace one failure domain at a time (`spec.rollout.topologyKey`).
+    pub one_domain_at_a_time: bool,
 }

@@ -18,8 +18,9 @@
 //! deleted once its heir is Ready and its drain succeeded (invariant 2).
 //! Control-plane groups go first: no worker instance is created while a
 //! control-plane node is outdated (a kubelet must never be newer than the API
-//! server).
+//! server). With a topologyKey, one failure domain at a time ([`domains`]).
 
+pub mod domains;
 mod facts;
 pub mod halt;
 mod plan;

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::domains::{self, Domains};
 use super::{DrainState, Facts, GroupFacts, NodeFacts, Role};
 
 /// What the controller should do now; every step is idempotent.
@@ -115,9 +116,9 @@ pub fn plan(f: &Facts) -> Vec<Step> {
     steps.extend(planner.finish_half_pairings(&mut taken));
     steps.extend(planner.pair_mints(&mut taken));
     let early = planner.drain_early(&taken);
-    // A node drained early starts its replacement: the rest of the wave's
-    // starts go to new instances.
-    let wave_left = f.wave_starts.map(|w| w.saturating_sub(early.len()));
+    // A node drained early starts its replacement: the rest of the starts
+    // (the wave's, or none while a domain waits) go to new instances.
+    let wave_left = planner.starts.map(|w| w.saturating_sub(early.len()));
     steps.extend(early);
     let creates = planner.create_instances(&taken, &steps, wave_left);
     steps.extend(creates);
@@ -131,6 +132,11 @@ struct Planner<'a> {
     role_of: BTreeMap<&'a str, Role>,
     counts: Counts,
     workers_wait: bool,
+    /// The failure domains, when the rollout goes one at a time.
+    domains: Option<Domains>,
+    /// Replacements that may start now (None: no bound beyond the budgets):
+    /// the wave's, and none while a new domain waits for Ready nodes.
+    starts: Option<usize>,
 }
 
 /// Where a node on its way out stands: drain it, retire it once drained,
@@ -152,7 +158,26 @@ impl<'a> Planner<'a> {
             role_of: f.groups.iter().map(|g| (g.id.as_str(), g.role)).collect(),
             counts: counts(f),
             workers_wait: workers_wait_for_control_plane(f),
+            domains: domains::domains(f),
+            starts: None,
         }
+        .with_starts()
+    }
+
+    fn with_starts(mut self) -> Self {
+        let hold = self.domains.as_ref().is_some_and(|d| d.hold);
+        self.starts = match hold {
+            true => Some(0),
+            false => self.f.wave_starts,
+        };
+        self
+    }
+
+    /// Is `node` in the domain being replaced (any node, without domains)?
+    fn in_current_domain(&self, node: &NodeFacts) -> bool {
+        self.domains
+            .as_ref()
+            .is_none_or(|d| d.current.as_deref() == Some(node.domain.as_str()))
     }
 
     /// Is `group` a worker group waiting for the control plane?
@@ -226,6 +251,7 @@ impl<'a> Planner<'a> {
                         && n.heir_of.is_none()
                         && !n.obsolete
                         && !taken.contains(n.name.as_str())
+                        && self.in_current_domain(n)
                 })
                 .min_by_key(|n| n.drain == DrainState::None);
             match partner {
@@ -255,12 +281,13 @@ impl<'a> Planner<'a> {
                     && n.drain == DrainState::None
                     && !taken.contains(n.name.as_str())
                     && !self.blocked(&n.group)
+                    && self.in_current_domain(n)
             })
             .take(
                 self.f
                     .max_unavailable
                     .saturating_sub(self.counts.unavailable)
-                    .min(self.f.wave_starts.unwrap_or(usize::MAX)),
+                    .min(self.starts.unwrap_or(usize::MAX)),
             )
             .map(|node| Step::Drain {
                 node: node.name.clone(),
@@ -319,7 +346,11 @@ impl<'a> Planner<'a> {
             .nodes
             .iter()
             .filter(|n| {
-                n.group == g.id && !n.up_to_date && n.donor_to.is_none() && !taken.contains(n.name.as_str())
+                n.group == g.id
+                    && !n.up_to_date
+                    && n.donor_to.is_none()
+                    && !taken.contains(n.name.as_str())
+                    && self.in_current_domain(n)
             })
             .count();
         let on_the_way = self.on_the_way(g, planned);
@@ -335,6 +366,7 @@ impl<'a> Planner<'a> {
                     && n.donor_to.is_none()
                     && n.drain != DrainState::None
                     && !taken.contains(n.name.as_str())
+                    && self.in_current_domain(n)
             })
             .count();
         let from_early = want.min(drained_early.saturating_sub(on_the_way));
@@ -422,6 +454,7 @@ mod tests {
             control_plane_first: true,
             halted: false,
             wave_starts: None,
+            one_domain_at_a_time: false,
         }
     }
 
@@ -486,6 +519,79 @@ mod tests {
             [Step::Retire { node: "s".into() }],
             "halted: no create, pair, drain or retire of a donor"
         );
+    }
+
+    #[test]
+    fn one_domain_at_a_time_creates_pairs_and_drains_in_the_current_domain_only() {
+        let groups = [group("w", Role::Worker)];
+        let in_zone = |node: NodeFacts, zone: &str| NodeFacts {
+            domain: zone.into(),
+            ..node
+        };
+        // Two outdated nodes in zone a, three in zone b: a surge of 5 makes
+        // two instances, for zone a.
+        let nodes: Vec<NodeFacts> = ["a1", "a2", "b1", "b2", "b3"]
+            .iter()
+            .map(|n| in_zone(old(n, "w"), &n[..1]))
+            .collect();
+        let mut f = facts(&groups, &nodes, &[], 5);
+        f.one_domain_at_a_time = true;
+        assert_eq!(plan(&f), [create("w", 2)]);
+        f.one_domain_at_a_time = false;
+        assert_eq!(plan(&f), [create("w", 5)], "without domains, the surge's five");
+        // A mint pairs with zone a's node whichever zone it landed in; early
+        // drains stay in zone a.
+        let mut nodes = nodes.clone();
+        nodes.push(in_zone(mint("m1", "w"), "b"));
+        let mut f = facts(&groups, &nodes, &[], 1);
+        f.one_domain_at_a_time = true;
+        f.max_unavailable = 3;
+        let steps = plan(&f);
+        assert!(
+            steps.contains(&Step::Pair {
+                donor: "a1".into(),
+                heir: "m1".into()
+            }),
+            "{steps:?}"
+        );
+        assert!(steps.contains(&Step::Drain { node: "a2".into() }), "{steps:?}");
+        assert!(
+            !steps
+                .iter()
+                .any(|s| matches!(s, Step::Drain { node } | Step::Pair { donor: node, .. } if node.starts_with('b'))),
+            "nothing of zone b: {steps:?}"
+        );
+    }
+
+    #[test]
+    fn the_next_domain_waits_until_every_node_on_the_target_is_ready() {
+        let groups = [group("w", Role::Worker)];
+        let heir = NodeFacts {
+            domain: "a".into(),
+            ready: false,
+            ..new("a1-new", "w")
+        };
+        let nodes = [
+            heir,
+            NodeFacts {
+                domain: "b".into(),
+                ..old("b1", "w")
+            },
+        ];
+        let mut f = facts(&groups, &nodes, &[], 3);
+        f.one_domain_at_a_time = true;
+        f.max_unavailable = 1;
+        assert_eq!(plan(&f), [], "zone a's new node is not Ready yet");
+        let ready = [
+            NodeFacts {
+                ready: true,
+                ..nodes[0].clone()
+            },
+            nodes[1].clone(),
+        ];
+        let mut f = facts(&groups, &ready, &[], 3);
+        f.one_domain_at_a_time = true;
+        assert_eq!(plan(&f), [create("w", 1)]);
     }
 
     #[test]

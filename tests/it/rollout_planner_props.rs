@@ -53,6 +53,7 @@ impl World {
             control_plane_first: self.control_plane_first,
             halted: false,
             wave_starts: None,
+            one_domain_at_a_time: false,
         }
     }
 

@@ -59,6 +59,7 @@ The container's args: `nodewarden run` with the flags the values ask for
 {{- include "nodewarden.flag" (list "rollout-waves" (join "," .)) }}
 {{- end }}
 {{- include "nodewarden.flag" (list "rollout-soak-time" $v.rollout.soakTime) }}
+{{- include "nodewarden.flag" (list "rollout-topology-key" $v.rollout.topologyKey) }}
 {{- with $v.etcd.endpoints }}
 {{- include "nodewarden.flag" (list "etcd-endpoints" (join "," .)) }}
 {{- end }}

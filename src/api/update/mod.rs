@@ -9,6 +9,7 @@
 //! rules that refuse bad input with a message naming the field.
 
 pub mod autoscaling_strategy;
+pub mod domain;
 pub mod halt;
 pub mod joining_node;
 pub mod node_version;
@@ -18,6 +19,7 @@ pub mod scaling_group;
 pub mod waves;
 
 pub use autoscaling_strategy::{AutoscalingStrategy, AutoscalingStrategySpec, AutoscalingStrategyStatus};
+pub use domain::DomainStatus;
 pub use halt::RolloutHalt;
 pub use joining_node::{JoiningNode, JoiningNodeSpec, JoiningNodeStatus};
 pub use node_version::{NodeCounts, NodeVersion, NodeVersionSpec, NodeVersionStatus, StatusList};
@@ -82,6 +84,9 @@ pub mod reason {
     /// Progressing=True: a wave is done; the next starts once every node
     /// is Ready and `soakTime` has passed.
     pub const SOAKING_WAVE: &str = "SoakingWave";
+    /// Progressing=True: a failure domain is done; the next starts once
+    /// every node on the target is Ready (`spec.rollout.topologyKey`).
+    pub const WAITING_FOR_DOMAIN: &str = "WaitingForDomain";
     /// Degraded=True, Progressing=False: `haltAfterFailedJoins` new nodes in
     /// a row were given up; the rollout waits for a person.
     pub const ROLLOUT_HALTED: &str = "RolloutHalted";

@@ -209,6 +209,9 @@ pub struct NodeVersionStatus {
     /// The wave under way (`spec.rollout.waves`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wave: Option<super::WaveStatus>,
+    /// The failure domains, one at a time (`spec.rollout.topologyKey`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<super::DomainStatus>,
 }
 
 /// A map of counts. schemars says `format: uint32` for a u32, a format

@@ -34,6 +34,9 @@ const COUNT_OR_PERCENT_TO_100_RULE: &str =
 /// CEL: a Go duration, the same shape `parse_duration` reads.
 const DURATION_RULE: &str = "self.matches('^([0-9]+(\\\\.[0-9]+)?(ms|s|m|h))+$')";
 
+/// CEL: a label key, as a Node's labels take them (`[prefix/]name`).
+const LABEL_KEY_RULE: &str = "size(self) <= 316 && self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$')";
+
 /// `waves`: at most 6 sizes, each a count of 1 or more or a percentage
 /// (checked per item: a rule over the whole list costs the API server's
 /// CEL budget many times over).
@@ -121,6 +124,16 @@ pub struct Rollout {
     #[x_kube(validation = kube::core::Rule::new(DURATION_RULE)
         .message("spec.rollout.soakTime must be a duration such as 90s, 30m or 1h30m"))]
     pub soak_time: Option<String>,
+    /// Replace one failure domain at a time: the Node label whose values
+    /// are the domains (e.g. `topology.kubernetes.io/zone`). Only one
+    /// domain's nodes are drained or replaced at once, and the next domain
+    /// starts once the one before has none outdated and every node on the
+    /// target is Ready. Nodes without the label are a domain of their own.
+    /// Unset: the operator's default, else no domains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new(LABEL_KEY_RULE)
+        .message("spec.rollout.topologyKey must be a label key such as topology.kubernetes.io/zone"))]
+    pub topology_key: Option<String>,
 }
 
 /// Where a setting in force came from.
@@ -160,6 +173,10 @@ impl Rollout {
             halt_after_failed_joins: self.halt_after_failed_joins.or(defaults.halt_after_failed_joins),
             waves: self.waves.clone().or_else(|| defaults.waves.clone()),
             soak_time: self.soak_time.clone().or_else(|| defaults.soak_time.clone()),
+            topology_key: self
+                .topology_key
+                .clone()
+                .or_else(|| defaults.topology_key.clone()),
         }
     }
 
@@ -185,6 +202,7 @@ impl Rollout {
         let (halt, halt_from) = pick(&own.halt_after_failed_joins, &defaults.halt_after_failed_joins);
         let (waves, waves_from) = pick(&own.waves, &defaults.waves);
         let (soak, soak_from) = pick(&own.soak_time, &defaults.soak_time);
+        let (topology, topology_from) = pick(&own.topology_key, &defaults.topology_key);
         let waves = waves.map(|w| {
             let sizes: Vec<String> = w.into_iter().map(int_or_string).collect();
             format!("[{}]", sizes.join(", "))
@@ -214,6 +232,7 @@ impl Rollout {
             ),
             ("waves", waves.unwrap_or("none".into()), waves_from),
             ("soakTime", soak.unwrap_or("none".into()), soak_from),
+            ("topologyKey", topology.unwrap_or("none".into()), topology_from),
         ]
     }
 }
@@ -297,6 +316,32 @@ impl Rollout {
     }
 }
 
+/// Whether `key` is a label key (`[prefix/]name`), as LABEL_KEY_RULE
+/// checks at admission: the flag `--rollout-topology-key` is checked the same.
+pub fn is_label_key(key: &str) -> bool {
+    fn dns_label(s: &str) -> bool {
+        let b = s.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            && b[0] != b'-'
+            && b[b.len() - 1] != b'-'
+    }
+    fn name(s: &str) -> bool {
+        let b = s.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b.iter().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+    }
+    match key.split_once('/') {
+        Some((prefix, rest)) => prefix.len() <= 253 && prefix.split('.').all(dns_label) && name(rest),
+        None => name(key),
+    }
+}
+
 /// Resolves a count-or-percentage against `total`, like Kubernetes'
 /// `GetScaledValueFromIntOrPercent`: "25%" of 10 is 3 rounding up, 2 rounding
 /// down. None for a negative count or a string that is not `<digits>%`.
@@ -323,6 +368,26 @@ pub fn scaled_int_or_percent(value: &IntOrString, total: usize, round_up: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_keys() {
+        for key in ["topology.kubernetes.io/zone", "zone", "a_b.c-D9", "x/y"] {
+            assert!(is_label_key(key), "{key}");
+        }
+        for key in [
+            "",
+            "/zone",
+            "Zone.io/x",
+            "a/",
+            "-zone",
+            "zone-",
+            "a/b/c",
+            "zone a",
+            "x..y/z",
+        ] {
+            assert!(!is_label_key(key), "{key}");
+        }
+    }
 
     fn int(n: i32) -> IntOrString {
         IntOrString::Int(n)
@@ -488,6 +553,7 @@ mod tests {
             ("haltAfterFailedJoins", "3", SettingSource::Builtin),
             ("waves", "none", SettingSource::Builtin),
             ("soakTime", "none", SettingSource::Builtin),
+            ("topologyKey", "none", SettingSource::Builtin),
         ];
         let got: Vec<(&str, &str, SettingSource)> =
             described.iter().map(|(k, v, s)| (*k, v.as_str(), *s)).collect();

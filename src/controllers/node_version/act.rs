@@ -317,8 +317,9 @@ impl NodeVersionReconciler {
                 .map(Arc::new),
         );
         let (joins, _) = sort_joins(nv, &fresh);
-        let node_facts = node_facts(nv, &fresh, &joins, |node| self.drain_state(node));
         let in_force = self.rollout(nv);
+        let topology_key = in_force.topology_key.as_deref();
+        let node_facts = node_facts(nv, &fresh, &joins, topology_key, |node| self.drain_state(node));
         // Not halted: the creates planned were (a halted plan has none), and
         // this read only lowers their count.
         let facts = facts(&in_force, &fresh, &node_facts, &joins, false);

@@ -15,9 +15,10 @@ use crate::api::update::annotations::{
     OBSOLETE_ANNOTATION,
 };
 use crate::api::update::halt::TARGET_ANNOTATION;
-use crate::api::update::{NodeVersion, PendingNodeGoal, Rollout};
+use crate::api::update::{DomainStatus, NodeVersion, PendingNodeGoal, Rollout};
 use crate::controllers::pending_node::JOIN_TIMED_OUT_ANNOTATION;
 use crate::node::node_is_ready;
+use crate::rollout::domains::Domains;
 use crate::rollout::halt::JoinOutcomes;
 use crate::rollout::{DrainState, Facts, JoinFacts, NodeFacts};
 use crate::telemetry::trace::{
@@ -69,11 +70,13 @@ pub(super) fn sort_joins(nv: &NodeVersion, scope: &Scope) -> (Joins, Vec<String>
 }
 
 /// What the planner needs to know of each node of `scope`; `drain` says
-/// where the rollout's drain of a node stands.
+/// where the rollout's drain of a node stands, `topology_key` names the
+/// label of the nodes' failure domains (when the rollout has them).
 pub(super) fn node_facts(
     nv: &NodeVersion,
     scope: &Scope,
     joins: &Joins,
+    topology_key: Option<&str>,
     drain: impl Fn(&Node) -> DrainState,
 ) -> Vec<NodeFacts> {
     let exists = |name: &str| scope.nodes.iter().any(|n| n.name_any() == name);
@@ -88,6 +91,10 @@ pub(super) fn node_facts(
             let awaiting = joins.joining.contains(&name) && !annotated(nv, n);
             NodeFacts {
                 group: annotation(n, GROUP_ANNOTATION).unwrap_or_default().to_string(),
+                domain: topology_key
+                    .and_then(|key| n.labels().get(key))
+                    .cloned()
+                    .unwrap_or_default(),
                 up_to_date: awaiting || is_current(nv, n),
                 ready: !awaiting && node_is_ready(n),
                 // A pairing ends when its donor is gone: the heir is then
@@ -126,6 +133,17 @@ pub(super) fn facts<'a>(
         control_plane_first: rollout.control_plane_first(),
         halted,
         wave_starts: None,
+        one_domain_at_a_time: rollout.topology_key.is_some(),
+    }
+}
+
+/// `status.domain` for the domains of the label `key`.
+pub(super) fn domain_status((key, domains): (&str, &Domains)) -> DomainStatus {
+    DomainStatus {
+        key: key.to_string(),
+        current: domains.current.clone(),
+        done: domains.done.clone(),
+        waiting: domains.waiting.clone(),
     }
 }
 

@@ -207,8 +207,9 @@ impl NodeVersionReconciler {
         let scope = self.scope(nv, annotated);
         let joins = self.settle_joins(nv, &scope).await?;
         // Decide.
-        let node_facts = decide::node_facts(nv, &scope, &joins, |node| self.drain_state(node));
         let in_force = self.rollout(nv);
+        let topology_key = in_force.topology_key.as_deref();
+        let node_facts = decide::node_facts(nv, &scope, &joins, topology_key, |node| self.drain_state(node));
         // The status last written: the halt and wave records come from it,
         // and the new status is built on it.
         let base = self.status_writes.latest(nv).await;
@@ -217,6 +218,8 @@ impl NodeVersionReconciler {
         let mut facts = decide::facts(&in_force, &scope, &node_facts, &joins, halted);
         let wave = self.wave(nv, &base, &in_force, &facts);
         facts.wave_starts = wave.as_ref().map(|w| w.starts);
+        let domains = rollout::domains::domains(&facts);
+        let domain = topology_key.zip(domains.as_ref()).map(decide::domain_status);
         // Nodes wait while the control plane is upgraded in place.
         let steps = match control_plane.hold {
             true => Vec::new(),
@@ -245,6 +248,7 @@ impl NodeVersionReconciler {
             control_plane: &control_plane,
             halt: halt.as_ref(),
             wave: wave.as_ref().map(|w| &w.status),
+            domain: domain.as_ref().zip(domains.map(|d| d.hold)),
         };
         self.write_status(nv, &base, &pass);
         let etcd_recheck = (!problems.etcd_waits.is_empty()).then_some(ETCD_RECHECK);

@@ -18,7 +18,7 @@ use super::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
 use super::status::{Pass, next_status};
 use crate::api::conditions::set_condition;
 use crate::api::update::halt::RESUME_ANNOTATION;
-use crate::api::update::{NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, condition};
+use crate::api::update::{DomainStatus, NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, condition};
 use crate::controllers::replacement_trace::{FinishedReplacement, trace_node_deleted, trace_rollout_end};
 use crate::error::Result;
 use crate::rollout::{self, Facts, waves::Allowance};
@@ -286,6 +286,7 @@ impl NodeVersionReconciler {
             );
         }
         self.announce_halt(nv, before.halt.as_ref(), after.halt.as_ref());
+        self.announce_domain(nv, before.domain.as_ref(), after.domain.as_ref());
         let was = degraded(&before.rollout_conditions);
         if let Some((reason, message)) = degraded(&after.rollout_conditions)
             && was.as_ref().map(|b| &b.0) != Some(&reason)
@@ -336,6 +337,32 @@ impl NodeVersionReconciler {
             ),
             _ => {}
         }
+    }
+}
+
+impl NodeVersionReconciler {
+    /// An Event when a failure domain's replacements begin.
+    fn announce_domain(&self, nv: &NodeVersion, before: Option<&DomainStatus>, after: Option<&DomainStatus>) {
+        let Some(after) = after else { return };
+        let Some(current) = &after.current else { return };
+        if before.and_then(|b| b.current.as_ref()) == Some(current) {
+            return;
+        }
+        let list = |v: &[String]| match v.is_empty() {
+            true => "none".to_string(),
+            false => v.join(", "),
+        };
+        self.event(
+            nv,
+            EventType::Normal,
+            "RolloutDomainStarted",
+            format!(
+                "replacing the nodes of {}={current}; done: {}; waiting: {}",
+                after.key,
+                list(&after.done),
+                list(&after.waiting)
+            ),
+        );
     }
 }
 

@@ -9,8 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::conditions::set_condition;
 use crate::api::update::rollout::SettingSource;
 use crate::api::update::{
-    NodeCounts, NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, StatusList, WaveStatus, condition,
-    message, reason,
+    DomainStatus, NodeCounts, NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, StatusList, WaveStatus,
+    condition, message, reason,
 };
 use crate::rollout::{self, DrainState, Facts, NodeFacts, Role, Step};
 
@@ -54,6 +54,9 @@ pub(super) struct Pass<'a> {
     pub(super) halt: Option<&'a RolloutHalt>,
     /// The wave under way, when the rollout has waves.
     pub(super) wave: Option<&'a WaveStatus>,
+    /// The failure domains, when the rollout goes one at a time; and
+    /// whether the next replacement waits for nodes to be Ready.
+    pub(super) domain: Option<(&'a DomainStatus, bool)>,
 }
 
 /// The status after `pass`, built on `base` (the status last written): its
@@ -71,6 +74,7 @@ pub(super) fn next_status(
     set_lists(&mut status, pass);
     status.halt = pass.halt.cloned();
     status.wave = pass.wave.cloned();
+    status.domain = pass.domain.map(|(d, _)| d.clone());
     if let Some(active) = pass.control_plane.active {
         status.active_cluster_version_upgrade = active;
     }
@@ -280,13 +284,17 @@ fn rollout_conditions(
             {
                 reason::SOAKING_WAVE
             }
+            false if !facts.halted && counts.outdated > 0 && pass.domain.is_some_and(|(_, hold)| hold) => {
+                reason::WAITING_FOR_DOMAIN
+            }
             false => progressing_reason(facts, counts, steps),
         },
         format!(
-            "{} of {} nodes outdated, {} in flight",
+            "{} of {} nodes outdated, {} in flight{}",
             counts.outdated,
             counts.nodes,
-            counts.surge + counts.unavailable
+            counts.surge + counts.unavailable,
+            pass.domain.map(|(d, _)| domain_progress(d)).unwrap_or_default()
         ),
         generation,
         now,
@@ -314,6 +322,16 @@ fn rollout_conditions(
         now,
     );
     conditions
+}
+
+/// Where the domains stand, for Progressing's message: "; zone=b now, 1
+/// done, 1 waiting".
+fn domain_progress(d: &DomainStatus) -> String {
+    let current = match &d.current {
+        Some(name) => format!("{}={name} now", d.key),
+        None => format!("no {} now", d.key),
+    };
+    format!("; {current}, {} done, {} waiting", d.done.len(), d.waiting.len())
 }
 
 /// Why the rollout progresses, or does not: complete, waiting for a
@@ -587,6 +605,7 @@ mod tests {
                 control_plane_first: cp_first,
                 halted: false,
                 wave_starts: None,
+                one_domain_at_a_time: false,
             };
             let counts = rollout::counts(&facts);
             let steps = rollout::plan(&facts);
@@ -602,6 +621,7 @@ mod tests {
                 control_plane: &control_plane,
                 halt: None,
                 wave: None,
+                domain: None,
             };
             let got = rollout_conditions(Vec::new(), &pass, Some(3), Timestamp::now());
             let got = reasons(&got);
@@ -693,7 +713,8 @@ mod tests {
         assert_eq!(
             c.message,
             "maxSurge 3 (operator), maxUnavailable 10% (spec), controlPlaneFirst true (built in), \
-             joinTimeout 30m (built in), drainTimeout none (built in), haltAfterFailedJoins 3 (built in), waves none (built in), soakTime none (built in)"
+             joinTimeout 30m (built in), drainTimeout none (built in), haltAfterFailedJoins 3 (built in), waves none (built in), soakTime none (built in), \
+             topologyKey none (built in)"
         );
         let all = Rollout {
             max_surge: Some(IntOrString::Int(1)),
@@ -704,6 +725,7 @@ mod tests {
             halt_after_failed_joins: Some(2),
             waves: Some(vec![IntOrString::Int(1)]),
             soak_time: Some("1m".into()),
+            topology_key: Some("topology.kubernetes.io/zone".into()),
         };
         let mut conditions = Vec::new();
         settings_condition(&mut conditions, &all, &operator, Some(4), Timestamp::now());
