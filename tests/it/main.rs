@@ -46,6 +46,7 @@ mod rollout;
 mod rollout_halt;
 mod rollout_planner_props;
 mod rollout_waves;
+mod rollout_zones;
 mod sim_cloud;
 mod sip;
 mod sip_ha;

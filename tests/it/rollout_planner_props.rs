@@ -12,6 +12,8 @@
 //! - a node is retired only once its drain succeeded and it is surplus or
 //!   its heir is Ready (invariant 2);
 //! - no worker instance is created while a control-plane node is outdated;
+//! - with one failure domain at a time, the nodes drained and not yet
+//!   retired are all of one domain;
 //! - planning again on the state the plan's own steps produce never repeats
 //!   a step, and the planner comes to rest: with events stopped, re-planning
 //!   reaches a fixed point within a few rounds;
@@ -35,6 +37,8 @@ struct World {
     max_surge: usize,
     max_unavailable: usize,
     control_plane_first: bool,
+    /// Replace one failure domain at a time (nodes carry "", "za" or "zb").
+    one_domain: bool,
     /// Nodes at the start.
     base: usize,
     /// Nodes whose drain was requested before they had a Ready heir.
@@ -53,7 +57,7 @@ impl World {
             control_plane_first: self.control_plane_first,
             halted: false,
             wave_starts: None,
-            one_domain_at_a_time: false,
+            one_domain_at_a_time: self.one_domain,
         }
     }
 
@@ -97,6 +101,17 @@ impl World {
                 "{in_flight} nodes in flight > maxSurge {} + {lent} drained early",
                 self.max_surge
             ));
+        }
+        if self.one_domain {
+            let disrupted: BTreeSet<&str> = self
+                .nodes
+                .iter()
+                .filter(|n| !n.up_to_date && !n.obsolete && n.drain != DrainState::None)
+                .map(|n| n.domain.as_str())
+                .collect();
+            if disrupted.len() > 1 {
+                return Err(format!("nodes of domains {disrupted:?} drained at once"));
+            }
         }
         let early = self.drained_without_heir();
         if early > self.max_unavailable {
@@ -246,6 +261,8 @@ impl World {
                 self.nodes.push(NodeFacts {
                     name: format!("node-{}", j.pending),
                     group: j.group,
+                    // Where the cloud put it: any domain.
+                    domain: DOMAINS[k % DOMAINS.len()].to_string(),
                     up_to_date: true,
                     ready: false,
                     joining: true,
@@ -277,6 +294,10 @@ impl World {
     }
 }
 
+/// The failure domains nodes are in (with `one_domain`); "" is a node
+/// without the label.
+const DOMAINS: [&str; 3] = ["", "za", "zb"];
+
 /// A cluster to roll: one or two worker groups and maybe a control-plane
 /// group, each with outdated and up-to-date nodes, some group images not
 /// set at the cloud yet.
@@ -287,8 +308,9 @@ fn world() -> impl Strategy<Value = World> {
         0usize..5,
         0usize..3,
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(groups, with_cp, surge, unavailable, cp_first)| {
+        .prop_map(|(groups, with_cp, surge, unavailable, cp_first, one_domain)| {
             let mut w = World {
                 groups: Vec::new(),
                 nodes: Vec::new(),
@@ -296,6 +318,7 @@ fn world() -> impl Strategy<Value = World> {
                 max_surge: surge,
                 max_unavailable: unavailable,
                 control_plane_first: cp_first,
+                one_domain,
                 base: 0,
                 drained_early: BTreeSet::new(),
                 next_id: 0,
@@ -323,6 +346,7 @@ fn world() -> impl Strategy<Value = World> {
                         group: id.clone(),
                         up_to_date: j >= outdated,
                         ready: true,
+                        domain: DOMAINS[(i + j) % DOMAINS.len()].to_string(),
                         ..NodeFacts::default()
                     });
                 }

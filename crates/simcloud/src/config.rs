@@ -14,6 +14,10 @@
 //!       topology.kubernetes.io/zone: zone-a
 //!     internalIpBase: 10.0.1.10 # optional: the group's n-th instance (from 0)
 //!                               # gets this address + n as its Node's InternalIP
+//!     zones: [zone-a, zone-b]   # optional: each new instance goes to the zone
+//!                               # with the fewest of the group's instances (as an
+//!                               # AWS group balances its zones), its Node labelled
+//!                               # topology.kubernetes.io/zone
 //! ```
 //!
 //! Durations are `500ms`, `2s`, `1m`, `1h` or a bare number of seconds.
@@ -72,6 +76,9 @@ pub struct GroupConfig {
     /// the next address. None: kwok's default address.
     #[serde(default)]
     pub internal_ip_base: Option<std::net::Ipv4Addr>,
+    /// The zones its instances are spread over (none: no zone label).
+    #[serde(default)]
+    pub zones: Vec<String>,
 }
 
 /// Why the config file cannot be used.
@@ -209,6 +216,7 @@ groups:
                     delete_delay: Duration::ZERO,
                     labels: BTreeMap::new(),
                     internal_ip_base: None,
+                    zones: Vec::new(),
                 }],
             };
             assert!(config.validate().is_err(), "{id:?} must be rejected");

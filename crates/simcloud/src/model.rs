@@ -28,6 +28,9 @@ use crate::faults;
 use nodewarden_simwire::{Faults, GroupView, InstanceView, provider_id};
 use nodewarden_simwire::{GroupRole, InstanceState, ScalingGroup};
 
+/// The label a Node of a group spread over zones carries its zone in.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
 /// Milliseconds since the Unix epoch.
 pub type Millis = u64;
 
@@ -81,6 +84,9 @@ pub struct Group {
     /// The InternalIP of its first instance (see the config).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub internal_ip_base: Option<std::net::Ipv4Addr>,
+    /// The zones its instances are spread over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<String>,
 }
 
 /// An instance, as persisted: its timestamps, from which its state follows
@@ -172,6 +178,7 @@ impl Group {
             delete_delay_ms: 0,
             labels: BTreeMap::new(),
             internal_ip_base: None,
+            zones: Vec::new(),
         };
         group.apply(config);
         group
@@ -187,6 +194,7 @@ impl Group {
         self.delete_delay_ms = millis(config.delete_delay);
         self.labels = config.labels.clone();
         self.internal_ip_base = config.internal_ip_base;
+        self.zones = config.zones.clone();
     }
 }
 
@@ -239,6 +247,7 @@ impl Cloud {
             .and_then(|g| g.internal_ip_base)
             .and_then(|base| u32::from(base).checked_add(u32::try_from(made).ok()?))
             .map(|ip| std::net::Ipv4Addr::from(ip).to_string());
+        let zone = self.least_used_zone(group);
         self.instances.entry(name.clone()).or_insert(Instance {
             name,
             group: group.to_string(),
@@ -252,7 +261,21 @@ impl Cloud {
             deleted_at_ms: None,
             terminated_at_ms: None,
             internal_ip,
+            zone,
         })
+    }
+
+    /// The zone of `group` with the fewest of its live instances (the first
+    /// such in the config's order), as a cloud balances a group's zones.
+    fn least_used_zone(&self, group: &str) -> Option<String> {
+        let zones = &self.groups.get(group)?.zones;
+        let live = |zone: &str| {
+            self.instances
+                .values()
+                .filter(|i| i.group == group && i.deleted_at_ms.is_none() && i.zone.as_deref() == Some(zone))
+                .count()
+        };
+        zones.iter().min_by_key(|z| live(z)).cloned()
     }
 
     /// Starts a new instance in `group`. With a `request_id` already used in
@@ -363,12 +386,16 @@ impl Cloud {
             .filter(|i| i.awaits_join().is_some_and(|at| at <= now))
             .filter_map(|i| {
                 let group = self.groups.get(&i.group)?;
+                let mut labels = group.labels.clone();
+                if let Some(zone) = &i.zone {
+                    labels.insert(ZONE_LABEL.to_string(), zone.clone());
+                }
                 Some(JoinJob {
                     instance: i.name.clone(),
                     group: i.group.clone(),
                     role: group.role,
                     image: i.image.clone(),
-                    labels: group.labels.clone(),
+                    labels,
                     internal_ip: i.internal_ip.clone(),
                 })
             })
@@ -576,6 +603,29 @@ groups:
         assert_eq!(worker.internal_ip, None, "a group without a base assigns none");
         let due = cloud.due_joins(T0 + 10_000);
         assert!(due.iter().any(|j| j.internal_ip.as_deref() == Some("10.0.2.0")));
+    }
+
+    #[test]
+    fn a_group_over_zones_puts_each_instance_in_its_least_used_zone() {
+        let mut config = config();
+        config.groups[0].zones = vec!["z1".into(), "z2".into(), "z3".into()];
+        let mut cloud = Cloud::default();
+        assert!(cloud.apply_config(&config, T0));
+        let mut made: Vec<Instance> = (0..4)
+            .map(|_| cloud.create("w", None, T0).expect("created").0.clone())
+            .collect();
+        // The config's two initial instances went to z1 and z2.
+        let zones: Vec<_> = made.iter().map(|i| i.zone.clone().unwrap_or_default()).collect();
+        assert_eq!(zones, ["z3", "z1", "z2", "z3"]);
+        // A deleted instance frees its zone for the next one.
+        let gone = made.remove(1);
+        cloud.delete(&gone.name, T0).expect("known");
+        let (next, _) = cloud.create("w", None, T0).expect("created");
+        assert_eq!(next.zone.as_deref(), Some("z1"));
+        let due = cloud.due_joins(T0 + 100_000);
+        let job = due.iter().find(|j| j.instance == next.name).expect("due");
+        assert_eq!(job.labels[ZONE_LABEL], "z1");
+        assert_eq!(job.labels["zone"], "a", "the group's labels stay");
     }
 
     impl Cloud {

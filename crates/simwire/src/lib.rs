@@ -91,6 +91,9 @@ pub struct Instance {
     /// assigns them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub internal_ip: Option<String>,
+    /// The zone it runs in, when its group spreads over zones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// One group as `GET /groups` shows it. A provider may read the answer as
@@ -265,6 +268,7 @@ mod tests {
                 deleted_at_ms: None,
                 terminated_at_ms: None,
                 internal_ip: None,
+                zone: None,
             },
         };
         let json = serde_json::to_value(&view).expect("serializes");
