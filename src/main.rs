@@ -258,6 +258,13 @@ struct RunArgs {
     /// (default 3; 0 never halts).
     #[arg(long)]
     rollout_halt_after_failed_joins: Option<u32>,
+    /// haltAfterUnreadyPods of a rollout whose NodeVersion sets none
+    /// (default 3; 0 never halts).
+    #[arg(long)]
+    rollout_halt_after_unready_pods: Option<u32>,
+    /// podReadyTimeout of a rollout whose NodeVersion sets none (default 5m).
+    #[arg(long, value_parser = go_duration)]
+    rollout_pod_ready_timeout: Option<String>,
     /// waves of a rollout whose NodeVersion sets none: sizes, comma
     /// separated (e.g. 1,10%,100%: one node, a tenth, then the rest).
     #[arg(long, value_parser = int_or_percent, value_delimiter = ',')]
@@ -697,6 +704,8 @@ async fn run(args: RunArgs, identity: String) -> anyhow::Result<()> {
             join_timeout: args.rollout_join_timeout,
             drain_timeout: args.rollout_drain_timeout,
             halt_after_failed_joins: args.rollout_halt_after_failed_joins,
+            halt_after_unready_pods: args.rollout_halt_after_unready_pods,
+            pod_ready_timeout: args.rollout_pod_ready_timeout,
             waves: args.rollout_waves,
             soak_time: args.rollout_soak_time,
             topology_key: args.rollout_topology_key,

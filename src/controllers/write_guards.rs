@@ -566,6 +566,10 @@ const SOURCES: &[(&str, &str)] = &[
         "controllers/node_version/status_writes.rs",
         include_str!("node_version/status_writes.rs"),
     ),
+    (
+        "controllers/node_version/workloads.rs",
+        include_str!("node_version/workloads.rs"),
+    ),
     ("controllers/pending_node.rs", include_str!("pending_node.rs")),
     ("controllers/plan/act.rs", include_str!("plan/act.rs")),
     ("controllers/plan/decide.rs", include_str!("plan/decide.rs")),

@@ -8,7 +8,8 @@
 //!
 //! New work starts only when the cluster is healthy: with nothing in flight
 //! (no instance joining, no mint unpaired, no donor or drain), every node on
-//! the target must be Ready before the next replacement begins. So a domain
+//! the target, and the workload pods on its new nodes, must be Ready before
+//! the next replacement begins. So a domain
 //! starts once the one before is complete and its nodes Ready.
 
 use std::collections::BTreeSet;
@@ -82,11 +83,11 @@ pub fn domains(f: &Facts) -> Option<Domains> {
     let in_flight = !f.joins.is_empty()
         || f.nodes.iter().any(|n| n.joining && n.heir_of.is_none())
         || f.nodes.iter().any(started);
-    let all_ready = f
-        .nodes
-        .iter()
-        .filter(|n| n.up_to_date && !n.obsolete)
-        .all(|n| n.ready);
+    let all_ready = f.unready_pods == 0
+        && f.nodes
+            .iter()
+            .filter(|n| n.up_to_date && !n.obsolete)
+            .all(|n| n.ready);
     let list = |set: &BTreeSet<&str>, keep: &dyn Fn(&str) -> bool| {
         set.iter()
             .filter(|d| keep(d))
@@ -129,6 +130,7 @@ mod tests {
             halted: false,
             wave_starts: None,
             one_domain_at_a_time: true,
+            unready_pods: 0,
         }
     }
 

@@ -92,4 +92,7 @@ pub struct Facts<'a> {
     pub wave_starts: Option<usize>,
     /// Replace one failure domain at a time (`spec.rollout.topologyKey`).
     pub one_domain_at_a_time: bool,
+    /// Workload pods on the target's new nodes not Ready now: waves and
+    /// domains wait for them as for the nodes.
+    pub unready_pods: usize,
 }

@@ -1,6 +1,8 @@
 //! When a rollout stops itself (pure, table tested): after
 //! `haltAfterFailedJoins` new nodes in a row were given up for its target
-//! (never joined within joinTimeout, or failed at the cloud), the image is
+//! (never joined within joinTimeout, or failed at the cloud), or once
+//! `haltAfterUnreadyPods` pods on its new nodes stayed unready past
+//! podReadyTimeout while their workloads' pods are Ready elsewhere, the image is
 //! taken to be bad and the planner creates no instance and retires no node
 //! until a person decides: the image set back (every replaced node returns
 //! to it, with the same safety), the threshold raised, or the NodeVersion
@@ -24,6 +26,26 @@ pub struct JoinOutcomes {
     pub failed: Vec<String>,
     /// A new node of the target joined (its PendingNode still tracks it).
     pub joined: bool,
+    /// Pods on the target's new nodes unready past podReadyTimeout while
+    /// their workloads' pods are Ready elsewhere, as seen now.
+    pub unready_pods: Vec<String>,
+}
+
+/// When a rollout halts (0: never on that count).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    /// `haltAfterFailedJoins`.
+    pub failed_joins: u32,
+    /// `haltAfterUnreadyPods`.
+    pub unready_pods: u32,
+}
+
+impl Thresholds {
+    fn over(&self, halt: &RolloutHalt) -> bool {
+        let reached = |threshold: u32, count: usize| threshold > 0 && count >= threshold as usize;
+        reached(self.failed_joins, halt.failed_joins.len())
+            || reached(self.unready_pods, halt.unready_pods.len())
+    }
 }
 
 /// The record after a pass that saw `seen` for `target`, given the record
@@ -33,7 +55,7 @@ pub fn next(
     prev: Option<&RolloutHalt>,
     target: &str,
     seen: &JoinOutcomes,
-    threshold: u32,
+    thresholds: Thresholds,
     resume: Option<&str>,
     now: &Time,
 ) -> Option<RolloutHalt> {
@@ -50,6 +72,7 @@ pub fn next(
         && halt.resumed_with.as_deref() != Some(value)
     {
         forgive(&mut halt);
+        forgive_pods(&mut halt);
         halt.halted_at = None;
         halt.resumed_with = Some(value.to_string());
     }
@@ -62,9 +85,23 @@ pub fn next(
     if seen.joined && !halt.is_halted() {
         forgive(&mut halt);
     }
-    // A forgiven failure whose PendingNode is gone cannot be seen again.
-    halt.forgiven.retain(|name| seen.failed.contains(name));
-    let over = threshold > 0 && halt.failed_joins.len() >= threshold as usize;
+    // Unready pods count while they are unready (a slow start is no bad
+    // image); once halted, every one that halted it stays as evidence.
+    let unready = seen.unready_pods.iter().filter(|p| !halt.forgiven.contains(p));
+    match halt.is_halted() {
+        true => {
+            let new: Vec<String> = unready
+                .filter(|p| !halt.unready_pods.contains(p))
+                .cloned()
+                .collect();
+            halt.unready_pods.extend(new);
+        }
+        false => halt.unready_pods = unready.cloned().collect(),
+    }
+    // A forgiven failure whose PendingNode (or pod) is gone cannot be seen again.
+    halt.forgiven
+        .retain(|name| seen.failed.contains(name) || seen.unready_pods.contains(name));
+    let over = thresholds.over(&halt);
     halt.halted_at = match (over, halt.halted_at.take()) {
         (true, Some(since)) => Some(since),
         (true, None) => Some(now.clone()),
@@ -72,16 +109,27 @@ pub fn next(
     };
     let excess = halt.failed_joins.len().saturating_sub(KEPT);
     halt.failed_joins.drain(..excess);
+    let excess = halt.unready_pods.len().saturating_sub(KEPT);
+    halt.unready_pods.drain(..excess);
     let empty = halt.failed_joins.is_empty()
+        && halt.unready_pods.is_empty()
         && halt.forgiven.is_empty()
         && !halt.is_halted()
         && halt.resumed_with.is_none();
     (!empty).then_some(halt)
 }
 
-/// Every failure counted so far is forgiven.
+/// Every failed join counted so far is forgiven.
 fn forgive(halt: &mut RolloutHalt) {
     halt.forgiven.append(&mut halt.failed_joins);
+    let excess = halt.forgiven.len().saturating_sub(KEPT);
+    halt.forgiven.drain(..excess);
+}
+
+/// Every unready pod counted so far is forgiven (a resume: the person who
+/// resumes has seen them).
+fn forgive_pods(halt: &mut RolloutHalt) {
+    halt.forgiven.append(&mut halt.unready_pods);
     let excess = halt.forgiven.len().saturating_sub(KEPT);
     halt.forgiven.drain(..excess);
 }
@@ -90,22 +138,38 @@ fn forgive(halt: &mut RolloutHalt) {
 /// on. `previous`: the image most outdated nodes still run, if known.
 pub fn message(halt: &RolloutHalt, image: &str, previous: Option<&str>) -> String {
     const SHOWN: usize = 5;
-    let names = halt
-        .failed_joins
-        .iter()
-        .rev()
-        .take(SHOWN)
-        .rev()
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
+    let last = |names: &[String]| {
+        names
+            .iter()
+            .rev()
+            .take(SHOWN)
+            .rev()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut evidence = Vec::new();
+    if !halt.failed_joins.is_empty() {
+        evidence.push(format!(
+            "{} new node(s) in a row of image {image} were given up (never joined within spec.rollout.joinTimeout, or failed at the cloud): {}",
+            halt.failed_joins.len(),
+            last(&halt.failed_joins)
+        ));
+    }
+    if !halt.unready_pods.is_empty() {
+        evidence.push(format!(
+            "{} pod(s) on new nodes of image {image} stayed unready past spec.rollout.podReadyTimeout while their workloads' pods are Ready on other nodes: {}",
+            halt.unready_pods.len(),
+            last(&halt.unready_pods)
+        ));
+    }
     let back = match previous {
         Some(old) => format!("set spec.image back to {old} to return every replaced node to it"),
         None => "set spec.image back to the previous image to return every replaced node to it".to_string(),
     };
     format!(
-        "halted: {} new node(s) in a row of image {image} were given up (never joined within spec.rollout.joinTimeout, or failed at the cloud): {names}; no instance is created and no node retired. To go on: {back}, or fix the cause and annotate the NodeVersion {}=<a new value>",
-        halt.failed_joins.len(),
+        "halted: {}; no instance is created and no node retired. To go on: {back}, or fix the cause and annotate the NodeVersion {}=<a new value>",
+        evidence.join("; "),
         crate::api::update::halt::RESUME_ANNOTATION,
     )
 }
@@ -116,6 +180,13 @@ mod tests {
 
     use super::*;
 
+    fn joins(failed_joins: u32) -> Thresholds {
+        Thresholds {
+            failed_joins,
+            unready_pods: 0,
+        }
+    }
+
     fn at(secs: i64) -> Time {
         Time(Timestamp::from_second(secs).expect("a time"))
     }
@@ -124,6 +195,7 @@ mod tests {
         JoinOutcomes {
             failed: names.iter().map(|n| n.to_string()).collect(),
             joined: false,
+            unready_pods: Vec::new(),
         }
     }
 
@@ -134,6 +206,7 @@ mod tests {
             forgiven: forgiven.iter().map(|n| n.to_string()).collect(),
             halted_at: halted.map(at),
             resumed_with: None,
+            unready_pods: Vec::new(),
         }
     }
 
@@ -181,6 +254,7 @@ mod tests {
                 seen: JoinOutcomes {
                     failed: vec!["a".into(), "b".into()],
                     joined: true,
+                    unready_pods: Vec::new(),
                 },
                 threshold: 3,
                 want: Some(record("img", &[], &["a", "b"], None)),
@@ -198,6 +272,7 @@ mod tests {
                 seen: JoinOutcomes {
                     failed: vec![],
                     joined: true,
+                    unready_pods: Vec::new(),
                 },
                 threshold: 3,
                 want: Some(record("img", &["a", "b", "c"], &[], Some(50))),
@@ -229,7 +304,7 @@ mod tests {
                 case.prev.as_ref(),
                 "img",
                 &case.seen,
-                case.threshold,
+                joins(case.threshold),
                 None,
                 &at(100),
             );
@@ -241,7 +316,7 @@ mod tests {
     fn a_new_resume_value_forgives_once_and_the_same_value_again_does_nothing() {
         let halted = record("img", &["a", "b", "c"], &[], Some(50));
         let seen = failed(&["b", "c"]);
-        let resumed = next(Some(&halted), "img", &seen, 3, Some("1"), &at(100)).expect("a record");
+        let resumed = next(Some(&halted), "img", &seen, joins(3), Some("1"), &at(100)).expect("a record");
         assert!(!resumed.is_halted(), "resumed: {resumed:?}");
         assert_eq!(resumed.failed_joins, Vec::<String>::new());
         assert_eq!(resumed.forgiven, vec!["b".to_string(), "c".to_string()]);
@@ -252,7 +327,7 @@ mod tests {
             Some(&resumed),
             "img",
             &failed(&["b", "c", "d"]),
-            3,
+            joins(3),
             Some("1"),
             &at(110),
         )
@@ -264,7 +339,7 @@ mod tests {
             Some(&later),
             "img",
             &failed(&["d", "e", "f"]),
-            3,
+            joins(3),
             Some("1"),
             &at(120),
         )
@@ -274,13 +349,60 @@ mod tests {
     }
 
     #[test]
+    fn unready_pods_count_while_unready_halt_at_their_threshold_and_stay_as_evidence() {
+        let both = Thresholds {
+            failed_joins: 3,
+            unready_pods: 2,
+        };
+        let pods = |names: &[&str]| JoinOutcomes {
+            unready_pods: names.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        let one = next(None, "img", &pods(&["ns/a"]), both, None, &at(10)).expect("a record");
+        assert_eq!((one.unready_pods.len(), one.is_halted()), (1, false));
+        // Ready again before the threshold: no longer counted.
+        assert_eq!(next(Some(&one), "img", &pods(&[]), both, None, &at(11)), None);
+        // A join does not forgive pods.
+        let mut joined = pods(&["ns/a", "ns/b"]);
+        joined.joined = true;
+        let halted = next(Some(&one), "img", &joined, both, None, &at(12)).expect("a record");
+        assert_eq!(halted.halted_at, Some(at(12)));
+        // Halted: the evidence stays when the pods go, and grows.
+        let later = next(Some(&halted), "img", &pods(&["ns/c"]), both, None, &at(13)).expect("a record");
+        assert_eq!(later.unready_pods, ["ns/a", "ns/b", "ns/c"]);
+        assert_eq!(later.halted_at, Some(at(12)));
+        // A resume forgives them while they are seen; 0 never halts on pods.
+        let resumed =
+            next(Some(&later), "img", &pods(&["ns/a"]), both, Some("r1"), &at(14)).expect("a record");
+        assert!(
+            !resumed.is_halted() && resumed.unready_pods.is_empty(),
+            "{resumed:?}"
+        );
+        assert_eq!(resumed.forgiven, ["ns/a"]);
+        let never = next(
+            None,
+            "img",
+            &pods(&["ns/a", "ns/b", "ns/c"]),
+            joins(3),
+            None,
+            &at(15),
+        )
+        .expect("a record");
+        assert!(!never.is_halted());
+        let text = message(&halted, "img-2", Some("img-1"));
+        assert!(text.contains("2 pod(s) on new nodes of image img-2"), "{text}");
+        assert!(text.contains("ns/a, ns/b"), "{text}");
+        assert!(!text.contains("given up"), "{text}");
+    }
+
+    #[test]
     fn the_lists_stay_bounded() {
         let many: Vec<String> = (0..50).map(|i| format!("n{i:02}")).collect();
         let seen = JoinOutcomes {
             failed: many.clone(),
-            joined: false,
+            ..Default::default()
         };
-        let halt = next(None, "img", &seen, 0, None, &at(1)).expect("a record");
+        let halt = next(None, "img", &seen, joins(0), None, &at(1)).expect("a record");
         assert_eq!(halt.failed_joins.len(), KEPT);
         assert_eq!(halt.failed_joins.last(), many.last(), "the newest kept");
         let forgiven = next(
@@ -289,8 +411,9 @@ mod tests {
             &JoinOutcomes {
                 failed: many,
                 joined: true,
+                unready_pods: Vec::new(),
             },
-            0,
+            joins(0),
             None,
             &at(2),
         )

@@ -455,6 +455,7 @@ mod tests {
             halted: false,
             wave_starts: None,
             one_domain_at_a_time: false,
+            unready_pods: 0,
         }
     }
 

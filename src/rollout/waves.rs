@@ -26,7 +26,8 @@ pub struct Progress {
     pub done: usize,
     /// Replacements started and not finished.
     pub in_flight: usize,
-    /// Every node on the target is Ready.
+    /// Every node on the target is Ready, and the workload pods on the
+    /// target's new nodes too.
     pub all_ready: bool,
 }
 
@@ -63,7 +64,7 @@ pub fn progress(f: &Facts) -> Progress {
         total,
         done: total.saturating_sub(counts.outdated),
         in_flight: f.joins.len() + mints + started_outdated,
-        all_ready: f.nodes.iter().filter(|n| n.up_to_date).all(|n| n.ready),
+        all_ready: f.unready_pods == 0 && f.nodes.iter().filter(|n| n.up_to_date).all(|n| n.ready),
     }
 }
 

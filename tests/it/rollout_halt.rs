@@ -90,17 +90,7 @@ async fn a_bad_image_that_never_joins_halts_the_rollout_and_the_way_back_leaves_
 
     // The way back: the image set back. Nothing is left to do or to remove.
     patch_node_version(env, json!({"spec": {"image": "img-1"}})).await;
-    let back = wait_status(
-        env,
-        "the rollout back at img-1, settled",
-        Duration::from_secs(60),
-        |s| {
-            degraded(s).is_none()
-                && condition_of(s, condition::PROGRESSING)
-                    .is_some_and(|c| c.reason == reason::ROLLOUT_COMPLETE)
-        },
-    )
-    .await;
+    let back = settled_back(env).await;
     assert_eq!(back.halt, None, "the halt record of the bad image is gone");
     assert!(back.outdated.is_empty() && back.pending.is_empty(), "{back:?}");
     assert_eq!(node_names(env).await, old_nodes, "the same nodes as before");
@@ -146,6 +136,21 @@ async fn a_halted_rollout_resumed_after_its_cause_is_fixed_finishes() {
 }
 
 /// The NodeVersion's status once `done` holds for it.
+/// The status once the rollout is back at img-1, complete and not degraded.
+async fn settled_back(env: &support::TestEnv) -> NodeVersionStatus {
+    let settled = |s: &NodeVersionStatus| {
+        degraded(s).is_none()
+            && condition_of(s, condition::PROGRESSING).is_some_and(|c| c.reason == reason::ROLLOUT_COMPLETE)
+    };
+    wait_status(
+        env,
+        "the rollout back at img-1, settled",
+        Duration::from_secs(60),
+        settled,
+    )
+    .await
+}
+
 async fn wait_status(
     env: &support::TestEnv,
     what: &str,
@@ -235,4 +240,122 @@ async fn assert_old_nodes_untouched(env: &support::TestEnv, old: &std::collectio
         .filter(|node| old.contains(node))
         .collect();
     assert!(maintenances.is_empty(), "drains requested: {maintenances:?}");
+}
+
+/// A DaemonSet over the workers (a node agent: a CNI or monitoring
+/// daemon is what a new kernel breaks first), its pods Ready everywhere.
+async fn node_agent(env: &support::TestEnv, name: &str, nodes: i32) {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use kube::api::PostParams;
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {support::RUN_LABEL: env.id, "node-role.kubernetes.io/worker": ""},
+                    "containers": [{"name": "agent", "image": "registry.invalid/agent:1"}],
+                },
+            },
+        },
+    }))
+    .expect("a daemonset");
+    let api: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.namespace);
+    api.create(&PostParams::default(), &ds)
+        .await
+        .expect("creating a daemonset");
+    wait_for(
+        &format!("{name} ready on {nodes} nodes"),
+        Duration::from_secs(60),
+        || async {
+            match api.get(name).await {
+                Ok(d) if d.status.as_ref().map(|s| s.number_ready) == Some(nodes) => Probe::Done(()),
+                Ok(d) => Probe::NotYet(format!("{:?}", d.status)),
+                Err(e) => Probe::NotYet(seen(e)),
+            }
+        },
+    )
+    .await;
+}
+
+/// The agent's pod on the first wave's node is broken as soon as it is
+/// Ready (before the wave ends: the pod starts as the node joins), and the
+/// soak outlasts a look at the pods (it stands for 2 s): the second wave
+/// never starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_that_breaks_workloads_halts_after_the_first_wave_and_the_way_back_restores_it() {
+    const BREAKS: &str = "img-breaks";
+    let r = setup("unready", &[("workers", "Worker", 5)]).await;
+    let env = &r.env;
+    node_agent(env, "agent", 5).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let _stop = stop.clone().drop_guard();
+    let kubelets = break_pods_on_image(env, BREAKS, stop.clone());
+    let op = r.start_operator().await;
+    let old_nodes = node_names(env).await;
+
+    patch_node_version(
+        env,
+        json!({"spec": {"image": BREAKS, "rollout": {"maxSurge": 1, "waves": [1, "100%"], "soakTime": "6s",
+               "podReadyTimeout": "3s", "haltAfterUnreadyPods": 1}}}),
+    )
+    .await;
+    let halted = wait_status(env, "the rollout halted", Duration::from_secs(90), |s| {
+        degraded(s).is_some_and(|(reason, _)| reason == reason::ROLLOUT_HALTED)
+    })
+    .await;
+    let halt = halted.halt.clone().expect("status.halt");
+    assert!(
+        halt.failed_joins.is_empty() && !halt.unready_pods.is_empty(),
+        "{halt:?}"
+    );
+    let (_, message) = degraded(&halted).expect("Degraded");
+    assert!(
+        message.contains("stayed unready past spec.rollout.podReadyTimeout"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&halt.unready_pods[0]),
+        "the evidence named: {message}"
+    );
+    assert!(message.contains("(DaemonSet agent)"), "{message}");
+    env.wait_events("NodeVersion", &env.name("version"), &["RolloutHalted"])
+        .await;
+
+    // Halted after the first wave: one node on the image, no other made.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let made = r.instances_of(BREAKS).await;
+    assert_eq!(
+        made.len(),
+        1,
+        "the first wave's one instance only: {:?}",
+        names(&made)
+    );
+    let first_wave = made[0].instance.name.clone();
+    let now = node_names(env).await;
+    assert_eq!(now.len(), 5);
+    assert_eq!(
+        old_nodes.difference(&now).count(),
+        1,
+        "one old node replaced: {now:?}"
+    );
+
+    // The way back: the first wave's node returns to the old image, the
+    // halt record goes with the bad target.
+    let took = roll_nodes(env, 5, "img-1", None).await;
+    let back = settled_back(env).await;
+    assert_eq!(back.halt, None, "{back:?}");
+    assert!(
+        !node_names(env).await.contains(&first_wave),
+        "the first wave's node replaced back"
+    );
+    stop.cancel();
+    let broken = kubelets.await.expect("the bad kubelets");
+    println!(
+        "halted with {} pod(s) unready after the first wave ({broken} broken); back to img-1 in {took:?}",
+        halt.unready_pods.len()
+    );
+    assert_no_leak(&r).await;
+    r.finish(op).await;
 }

@@ -58,6 +58,7 @@ impl World {
             halted: false,
             wave_starts: None,
             one_domain_at_a_time: self.one_domain,
+            unready_pods: 0,
         }
     }
 

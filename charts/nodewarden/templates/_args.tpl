@@ -55,6 +55,8 @@ The container's args: `nodewarden run` with the flags the values ask for
 {{- include "nodewarden.flag" (list "rollout-join-timeout" $v.rollout.joinTimeout) }}
 {{- include "nodewarden.flag" (list "rollout-drain-timeout" $v.rollout.drainTimeout) }}
 {{- include "nodewarden.flag" (list "rollout-halt-after-failed-joins" $v.rollout.haltAfterFailedJoins) }}
+{{- include "nodewarden.flag" (list "rollout-halt-after-unready-pods" $v.rollout.haltAfterUnreadyPods) }}
+{{- include "nodewarden.flag" (list "rollout-pod-ready-timeout" $v.rollout.podReadyTimeout) }}
 {{- with $v.rollout.waves }}
 {{- include "nodewarden.flag" (list "rollout-waves" (join "," .)) }}
 {{- end }}

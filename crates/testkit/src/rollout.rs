@@ -698,3 +698,70 @@ impl Drop for ConditionLog {
         self.task.abort();
     }
 }
+
+/// Plays the kubelets of a bad image until `stop`: every pod of the test's
+/// namespace on a node running `image` is made unready (its Ready condition
+/// False, as a failing readiness probe leaves it) a moment after it turns
+/// Ready, and stays so. kwok readies a pod once, while Pending, so it does
+/// not undo this. Returns how many pods it broke.
+pub fn break_pods_on_image(
+    env: &TestEnv,
+    image: &str,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<usize> {
+    let (client, namespace, image, selector) = (
+        env.client.clone(),
+        env.namespace.clone(),
+        image.to_string(),
+        env.run_selector(),
+    );
+    tokio::spawn(async move {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+        let nodes: Api<Node> = Api::all(client);
+        let mut broken = BTreeSet::new();
+        while !stop.is_cancelled() {
+            let bad: BTreeSet<String> = match nodes.list(&ListParams::default().labels(&selector)).await {
+                Ok(list) => list
+                    .items
+                    .iter()
+                    .filter(|n| runs_image(n, &image))
+                    .map(|n| n.name_any())
+                    .collect(),
+                Err(_) => BTreeSet::new(),
+            };
+            for pod in pods
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let on_bad = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_some_and(|n| bad.contains(n));
+                let ready = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                if on_bad && ready && unready(&pods, &pod.name_any()).await {
+                    broken.insert(pod.name_any());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        broken.len()
+    })
+}
+
+/// Sets pod `name`'s Ready and ContainersReady conditions False.
+async fn unready(pods: &Api<k8s_openapi::api::core::v1::Pod>, name: &str) -> bool {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let condition = |type_: &str| json!({"type": type_, "status": "False", "reason": "ReadinessProbeFailed", "lastTransitionTime": now});
+    // A strategic merge patch merges conditions by type.
+    let patch = json!({"status": {"conditions": [condition("Ready"), condition("ContainersReady")]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .is_ok()
+}

@@ -1,5 +1,6 @@
 //! A rollout that stopped itself: new instances of its target kept failing
-//! to join, so the image is taken to be bad. The record lives in the
+//! to join, or workloads stayed unready on its new nodes, so the image is
+//! taken to be bad. The record lives in the
 //! NodeVersion's status (`status.halt`), so every replica and every restart
 //! sees the same count; [`crate::rollout::halt`] decides it.
 
@@ -26,6 +27,12 @@ pub struct RolloutHalt {
     /// none counts twice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forgiven: Vec<String>,
+    /// Pods on new nodes of this target unready for longer than
+    /// podReadyTimeout while their workload's pods are Ready on other nodes
+    /// (`<namespace>/<pod> on <node> (<Kind> <name>)`). While the rollout
+    /// runs, those unready now; once halted, every one that halted it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unready_pods: Vec<String>,
     /// When the rollout halted; unset while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted_at: Option<Time>,
@@ -46,5 +53,6 @@ impl RolloutHalt {
 pub const RESUME_ANNOTATION: &str = "nodewarden.dev/resume-rollout";
 
 /// On a PendingNode: the target (`<image> <components>`) it was created
-/// for, so a failed join counts against that target only.
+/// for, so a failed join counts against that target only; carried to the
+/// node it becomes, whose pods are watched for the target.
 pub const TARGET_ANNOTATION: &str = "nodewarden.dev/rollout-target";

@@ -18,6 +18,13 @@ pub const DEFAULT_JOIN_TIMEOUT: &str = "30m";
 /// join say the image is bad, not the cloud's luck.
 pub const DEFAULT_HALT_AFTER_FAILED_JOINS: u32 = 3;
 
+/// Default `haltAfterUnreadyPods`: three workload pods that stay unready on
+/// new nodes while their workloads run Ready on old ones.
+pub const DEFAULT_HALT_AFTER_UNREADY_PODS: u32 = 3;
+
+/// Default `podReadyTimeout`: how long a pod on a new node may be unready.
+pub const DEFAULT_POD_READY_TIMEOUT: &str = "5m";
+
 /// CEL: both limits 0 (as counts or as "0%"); an absent maxUnavailable is its default, 0.
 const BOTH_ZERO_RULE: &str = "!(has(self.maxSurge) \
     && (type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge.matches('^0+%$')) \
@@ -110,6 +117,23 @@ pub struct Rollout {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("format" = "int32"))]
     pub halt_after_failed_joins: Option<u32>,
+    /// Halt the rollout once this many pods on new nodes of the target
+    /// stayed unready for podReadyTimeout while pods of the same workload
+    /// are Ready on other nodes (the new image breaks workloads): as
+    /// haltAfterFailedJoins, until the image changes or the NodeVersion is
+    /// annotated `nodewarden.dev/resume-rollout`. 0 never halts. Unset: the
+    /// operator's default, else 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int32"))]
+    pub halt_after_unready_pods: Option<u32>,
+    /// How long a workload pod on a new node may stay unready before it
+    /// counts towards haltAfterUnreadyPods (e.g. "5m"). Waves and domains
+    /// also wait for those pods to be Ready. Unset: the operator's
+    /// default, else 5m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new(DURATION_RULE)
+        .message("spec.rollout.podReadyTimeout must be a duration such as 90s, 30m or 1h30m"))]
+    pub pod_ready_timeout: Option<String>,
     /// Replace in waves: each wave's size, a count or a percentage of the
     /// nodes (rounded up); the last size repeats until all are done. E.g.
     /// `[1, "10%", "100%"]`: one node, then a tenth, then the rest. A wave
@@ -171,6 +195,11 @@ impl Rollout {
                 .clone()
                 .or_else(|| defaults.drain_timeout.clone()),
             halt_after_failed_joins: self.halt_after_failed_joins.or(defaults.halt_after_failed_joins),
+            halt_after_unready_pods: self.halt_after_unready_pods.or(defaults.halt_after_unready_pods),
+            pod_ready_timeout: self
+                .pod_ready_timeout
+                .clone()
+                .or_else(|| defaults.pod_ready_timeout.clone()),
             waves: self.waves.clone().or_else(|| defaults.waves.clone()),
             soak_time: self.soak_time.clone().or_else(|| defaults.soak_time.clone()),
             topology_key: self
@@ -200,6 +229,8 @@ impl Rollout {
         let (join, join_from) = pick(&own.join_timeout, &defaults.join_timeout);
         let (drain, drain_from) = pick(&own.drain_timeout, &defaults.drain_timeout);
         let (halt, halt_from) = pick(&own.halt_after_failed_joins, &defaults.halt_after_failed_joins);
+        let (pods, pods_from) = pick(&own.halt_after_unready_pods, &defaults.halt_after_unready_pods);
+        let (pod_timeout, pod_timeout_from) = pick(&own.pod_ready_timeout, &defaults.pod_ready_timeout);
         let (waves, waves_from) = pick(&own.waves, &defaults.waves);
         let (soak, soak_from) = pick(&own.soak_time, &defaults.soak_time);
         let (topology, topology_from) = pick(&own.topology_key, &defaults.topology_key);
@@ -229,6 +260,16 @@ impl Rollout {
                 "haltAfterFailedJoins",
                 halt.unwrap_or(DEFAULT_HALT_AFTER_FAILED_JOINS).to_string(),
                 halt_from,
+            ),
+            (
+                "haltAfterUnreadyPods",
+                pods.unwrap_or(DEFAULT_HALT_AFTER_UNREADY_PODS).to_string(),
+                pods_from,
+            ),
+            (
+                "podReadyTimeout",
+                pod_timeout.unwrap_or(DEFAULT_POD_READY_TIMEOUT.into()),
+                pod_timeout_from,
             ),
             ("waves", waves.unwrap_or("none".into()), waves_from),
             ("soakTime", soak.unwrap_or("none".into()), soak_from),
@@ -307,6 +348,20 @@ impl Rollout {
     pub fn halt_after_failed_joins(&self) -> u32 {
         self.halt_after_failed_joins
             .unwrap_or(DEFAULT_HALT_AFTER_FAILED_JOINS)
+    }
+
+    /// `haltAfterUnreadyPods`, 3 when unset (0: never halt).
+    pub fn halt_after_unready_pods(&self) -> u32 {
+        self.halt_after_unready_pods
+            .unwrap_or(DEFAULT_HALT_AFTER_UNREADY_PODS)
+    }
+
+    /// `podReadyTimeout` as a Duration (the default, 5 minutes, if malformed).
+    pub fn pod_ready_timeout(&self) -> Duration {
+        self.pod_ready_timeout
+            .as_deref()
+            .and_then(parse_duration)
+            .unwrap_or(Duration::from_secs(5 * 60))
     }
 
     /// `drainTimeout` as a Duration; None means wait for the drain forever
@@ -551,6 +606,8 @@ mod tests {
             ("joinTimeout", "10m", SettingSource::Operator),
             ("drainTimeout", "none", SettingSource::Builtin),
             ("haltAfterFailedJoins", "3", SettingSource::Builtin),
+            ("haltAfterUnreadyPods", "3", SettingSource::Builtin),
+            ("podReadyTimeout", "5m", SettingSource::Builtin),
             ("waves", "none", SettingSource::Builtin),
             ("soakTime", "none", SettingSource::Builtin),
             ("topologyKey", "none", SettingSource::Builtin),

@@ -134,6 +134,7 @@ pub(super) fn facts<'a>(
         halted,
         wave_starts: None,
         one_domain_at_a_time: rollout.topology_key.is_some(),
+        unready_pods: 0,
     }
 }
 
@@ -205,7 +206,7 @@ fn annotated(nv: &NodeVersion, n: &Node) -> bool {
 }
 
 /// Does `n` run what `nv` asks for (image, and components when set)?
-fn is_current(nv: &NodeVersion, n: &Node) -> bool {
+pub(super) fn is_current(nv: &NodeVersion, n: &Node) -> bool {
     let components = nv.spec.kubernetes_components_reference.as_str();
     annotation(n, IMAGE_ANNOTATION) == Some(nv.spec.image.as_str())
         && (components.is_empty() || annotation(n, COMPONENTS_ANNOTATION) == Some(components))
@@ -258,6 +259,10 @@ pub fn pairing_patches(
     let carried = carried_trace(trace_from);
     let mut heir_annotations = json!(carried);
     heir_annotations[DONOR_ANNOTATION] = json!(donor.name_any());
+    // The target the heir was made for: its pods are watched for it.
+    if let Some(target) = trace_from.and_then(|a| a.get(TARGET_ANNOTATION)) {
+        heir_annotations[TARGET_ANNOTATION] = json!(target);
+    }
     let heir_patch = json!({"metadata": {
         "labels": inheritable_labels(donor),
         "annotations": heir_annotations,

@@ -27,6 +27,7 @@ mod report;
 mod retire;
 mod status;
 mod status_writes;
+mod workloads;
 
 use std::sync::Arc;
 
@@ -114,6 +115,7 @@ pub fn register(manager: &mut Manager, app: &App) {
         etcd_turn: Default::default(),
         upgrade_agent: app.upgrade_agent.clone(),
         control_plane_runs: Default::default(),
+        pod_trials: Default::default(),
     });
 }
 
@@ -166,6 +168,8 @@ pub struct NodeVersionReconciler {
     pub upgrade_agent: Option<crate::upgrade_agent::AgentClient>,
     /// This replica's control-plane upgrades, by NodeVersion.
     pub control_plane_runs: Arc<control_plane::Runs>,
+    /// The last look at each rollout's new nodes' pods.
+    pub(crate) pod_trials: workloads::PodTrials,
 }
 
 /// How soon a retirement waiting for etcd looks again: etcd's health is
@@ -213,9 +217,11 @@ impl NodeVersionReconciler {
         // The status last written: the halt and wave records come from it,
         // and the new status is built on it.
         let base = self.status_writes.latest(nv).await;
-        let halt = self.halt(nv, &base, &scope, &in_force);
+        let pods = self.pods_on_new_nodes(nv, &scope, &in_force).await?;
+        let halt = self.halt(nv, &base, &scope, &in_force, &pods.failing);
         let halted = halt.as_ref().is_some_and(|h| h.is_halted());
         let mut facts = decide::facts(&in_force, &scope, &node_facts, &joins, halted);
+        facts.unready_pods = pods.unready_now;
         let wave = self.wave(nv, &base, &in_force, &facts);
         facts.wave_starts = wave.as_ref().map(|w| w.starts);
         let domains = rollout::domains::domains(&facts);
@@ -258,6 +264,7 @@ impl NodeVersionReconciler {
                 .into_iter()
                 .chain(control_plane.recheck)
                 .chain(soak_ends)
+                .chain(pods.recheck)
                 .min()
             {
                 Some(after) => Action::RequeueAfter(after),

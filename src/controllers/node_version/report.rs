@@ -221,16 +221,21 @@ impl NodeVersionReconciler {
         base: &NodeVersionStatus,
         scope: &Scope,
         in_force: &Rollout,
+        unready_pods: &[String],
     ) -> Option<RolloutHalt> {
         let target = decide::rollout_target(nv);
-        let seen = decide::join_outcomes(scope, &target);
+        let mut seen = decide::join_outcomes(scope, &target);
+        seen.unready_pods = unready_pods.to_vec();
         let resume = nv.annotations().get(RESUME_ANNOTATION).map(String::as_str);
         let now = Time(Timestamp::now());
         rollout::halt::next(
             base.halt.as_ref(),
             &target,
             &seen,
-            in_force.halt_after_failed_joins(),
+            rollout::halt::Thresholds {
+                failed_joins: in_force.halt_after_failed_joins(),
+                unready_pods: in_force.halt_after_unready_pods(),
+            },
             resume,
             &now,
         )

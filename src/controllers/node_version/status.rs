@@ -606,6 +606,7 @@ mod tests {
                 halted: false,
                 wave_starts: None,
                 one_domain_at_a_time: false,
+                unready_pods: 0,
             };
             let counts = rollout::counts(&facts);
             let steps = rollout::plan(&facts);
@@ -713,7 +714,8 @@ mod tests {
         assert_eq!(
             c.message,
             "maxSurge 3 (operator), maxUnavailable 10% (spec), controlPlaneFirst true (built in), \
-             joinTimeout 30m (built in), drainTimeout none (built in), haltAfterFailedJoins 3 (built in), waves none (built in), soakTime none (built in), \
+             joinTimeout 30m (built in), drainTimeout none (built in), haltAfterFailedJoins 3 (built in), \
+             haltAfterUnreadyPods 3 (built in), podReadyTimeout 5m (built in), waves none (built in), soakTime none (built in), \
              topologyKey none (built in)"
         );
         let all = Rollout {
@@ -723,6 +725,8 @@ mod tests {
             join_timeout: Some("5m".into()),
             drain_timeout: Some("1h".into()),
             halt_after_failed_joins: Some(2),
+            halt_after_unready_pods: Some(1),
+            pod_ready_timeout: Some("2m".into()),
             waves: Some(vec![IntOrString::Int(1)]),
             soak_time: Some("1m".into()),
             topology_key: Some("topology.kubernetes.io/zone".into()),
