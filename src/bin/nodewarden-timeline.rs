@@ -104,5 +104,9 @@ mod tests {
         use nodewarden::telemetry::trace;
         assert_eq!(nodewarden_timeline::REPLACE_NODE, trace::REPLACE_NODE);
         assert_eq!(nodewarden_timeline::ROLLOUT, trace::ROLLOUT);
+        assert_eq!(nodewarden_timeline::ROLLOUT_WAVE, trace::ROLLOUT_WAVE);
+        assert_eq!(nodewarden_timeline::WAVE_SOAK, trace::WAVE_SOAK);
+        assert_eq!(nodewarden_timeline::ROLLOUT_DOMAIN, trace::ROLLOUT_DOMAIN);
+        assert_eq!(nodewarden_timeline::ROLLOUT_HALTED, trace::ROLLOUT_HALTED);
     }
 }

@@ -109,6 +109,7 @@ pub fn allow(
                 .take(ends.len().saturating_sub(1))
                 .take_while(|end| **end <= progress.done)
                 .count() as u32,
+            started_at: Some(MicroTime(now.0)),
             finished_at: None,
         },
     };
@@ -117,7 +118,7 @@ pub fn allow(
         let index = (status.wave as usize).min(ends.len().saturating_sub(1));
         let end = ends.get(index).copied().unwrap_or(progress.total);
         let last = index + 1 >= ends.len();
-        if last || progress.done < end || progress.in_flight > 0 {
+        if progress.done < end || progress.in_flight > 0 {
             status.finished_at = None;
             let starts = end.saturating_sub(progress.done + progress.in_flight);
             return Allowance {
@@ -128,6 +129,14 @@ pub fn allow(
         }
         // This wave is finished: the next starts once all is Ready and soaked.
         let finished = status.finished_at.get_or_insert(MicroTime(now.0)).clone();
+        // The last one too (its end is the rollout's), with nothing after it.
+        if last {
+            return Allowance {
+                status,
+                starts: 0,
+                recheck: None,
+            };
+        }
         let soaked = elapsed(&finished, now) >= soak;
         if !(progress.all_ready && soaked) {
             recheck = (!soaked).then(|| soak.saturating_sub(elapsed(&finished, now)));
@@ -138,6 +147,7 @@ pub fn allow(
             };
         }
         status.wave += 1;
+        status.started_at = Some(MicroTime(now.0));
         status.finished_at = None;
     }
 }
@@ -188,9 +198,10 @@ mod tests {
     fn a_wave_starts_only_when_the_one_before_is_done_ready_and_soaked() {
         let ends = [1, 4, 10];
         let soak = Duration::from_secs(30);
-        let wave = |wave: u32, finished: Option<i64>| WaveStatus {
+        let wave = |wave: u32, started: i64, finished: Option<i64>| WaveStatus {
             target: "img".into(),
             wave,
+            started_at: Some(MicroTime(at(started).0)),
             finished_at: finished.map(|s| MicroTime(at(s).0)),
         };
         let progress = |done, in_flight, all_ready| Progress {
@@ -212,59 +223,67 @@ mod tests {
                 prev: None,
                 progress: progress(0, 0, true),
                 now: 100,
-                want: (wave(0, None), 1, None),
+                want: (wave(0, 100, None), 1, None),
             },
             Case {
                 what: "its one node in flight: nothing more",
-                prev: Some(wave(0, None)),
+                prev: Some(wave(0, 90, None)),
                 progress: progress(0, 1, true),
                 now: 100,
-                want: (wave(0, None), 0, None),
+                want: (wave(0, 90, None), 0, None),
             },
             Case {
                 what: "finished: the soak begins now",
-                prev: Some(wave(0, None)),
+                prev: Some(wave(0, 90, None)),
                 progress: progress(1, 0, true),
                 now: 100,
-                want: (wave(0, Some(100)), 0, Some(soak)),
+                want: (wave(0, 90, Some(100)), 0, Some(soak)),
             },
             Case {
                 what: "soaking: look again when it ends",
-                prev: Some(wave(0, Some(100))),
+                prev: Some(wave(0, 90, Some(100))),
                 progress: progress(1, 0, true),
                 now: 120,
-                want: (wave(0, Some(100)), 0, Some(Duration::from_secs(10))),
+                want: (wave(0, 90, Some(100)), 0, Some(Duration::from_secs(10))),
             },
             Case {
                 what: "soaked but a node not Ready: wait for it",
-                prev: Some(wave(0, Some(100))),
+                prev: Some(wave(0, 90, Some(100))),
                 progress: progress(1, 0, false),
                 now: 140,
-                want: (wave(0, Some(100)), 0, None),
+                want: (wave(0, 90, Some(100)), 0, None),
             },
             Case {
                 what: "soaked and Ready: the second wave, three nodes",
-                prev: Some(wave(0, Some(100))),
+                prev: Some(wave(0, 90, Some(100))),
                 progress: progress(1, 0, true),
                 now: 130,
-                want: (wave(1, None), 3, None),
+                want: (wave(1, 130, None), 3, None),
             },
             Case {
                 what: "the last wave takes the rest",
-                prev: Some(wave(1, Some(200))),
+                prev: Some(wave(1, 150, Some(200))),
                 progress: progress(4, 0, true),
                 now: 240,
-                want: (wave(2, None), 6, None),
+                want: (wave(2, 240, None), 6, None),
+            },
+            Case {
+                what: "the last wave finished: nothing after it",
+                prev: Some(wave(2, 240, None)),
+                progress: progress(10, 0, true),
+                now: 280,
+                want: (wave(2, 240, Some(280)), 0, None),
             },
             Case {
                 what: "a new target starts at the first wave, counting nodes already on it",
-                prev: Some(wave(2, None)),
+                prev: Some(wave(2, 250, None)),
                 progress: progress(9, 0, true),
                 now: 300,
                 want: (
                     WaveStatus {
                         target: "img".into(),
                         wave: 2,
+                        started_at: Some(MicroTime(at(300).0)),
                         finished_at: None,
                     },
                     1,

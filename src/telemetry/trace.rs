@@ -47,6 +47,12 @@ pub const SURPLUS_NODE: &str = "surplus node";
 pub const ROLLOUT: &str = "rollout";
 /// A span of a rollout's trace: the rollout halted on failed joins.
 pub const ROLLOUT_HALTED: &str = "rollout halted";
+/// A span of a rollout's trace: a wave, from its start to when it finished.
+pub const ROLLOUT_WAVE: &str = "rollout wave";
+/// A span of a rollout's trace: the soak after a wave.
+pub const WAVE_SOAK: &str = "wave soak";
+/// A span of a rollout's trace: a failure domain's replacements.
+pub const ROLLOUT_DOMAIN: &str = "rollout domain";
 
 const TRACER_NAME: &str = "nodewarden";
 
@@ -166,6 +172,20 @@ pub fn emit_root(trace: &TraceParent, record: SpanRecord) {
 /// Emits a child of the root span of `trace`, with the phase's stable id.
 pub fn emit_phase(trace: &TraceParent, record: SpanRecord) {
     PRESET.with(|p| p.set(Some((trace.trace_id, trace.phase_span_id(record.name)))));
+    let parent = Context::new().with_remote_span_context(trace.span_context());
+    emit(record, &parent);
+    PRESET.with(|p| p.set(None));
+}
+
+/// As [`emit_phase`], for a phase that recurs in one trace (a rollout's
+/// waves): `key` tells them apart and derives the span id.
+pub fn emit_recurring_phase(trace: &TraceParent, key: &str, record: SpanRecord) {
+    PRESET.with(|p| {
+        p.set(Some((
+            trace.trace_id,
+            trace.phase_span_id(&format!("{} {key}", record.name)),
+        )))
+    });
     let parent = Context::new().with_remote_span_context(trace.span_context());
     emit(record, &parent);
     PRESET.with(|p| p.set(None));

@@ -7,6 +7,7 @@ use crate::support::rollout::*;
 use nodewarden::api::update::{condition, reason};
 use nodewarden::cloud::sim::wire::InstanceView;
 use serde_json::json;
+use std::time::Duration;
 
 const SOAK_MS: u64 = 3000;
 
@@ -79,4 +80,134 @@ fn names(instances: &[InstanceView]) -> Vec<(String, u64, Option<u64>)> {
             )
         })
         .collect()
+}
+
+/// Waves 1 / 10 % / the rest over ten nodes with a 2 s soak, read back from
+/// the rollout's timeline (Jaeger's traces of `nodewarden run`, as its
+/// page draws them): the waves and soaks in order, each wave's
+/// replacements within it, and the gaps between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_shows_each_wave_and_soak_in_order() {
+    use crate::support::jaeger::{Jaeger, http_get};
+    use crate::support::replicas::{Replicas, replica_log_dir, service_account_kubeconfig};
+    use nodewarden_timeline as timeline;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let jaeger = Jaeger::start();
+    let r = setup("wave-timeline", &[("workers", "Worker", 10)]).await;
+    let env = &r.env;
+    let dir = replica_log_dir(&env.id);
+    let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
+    let operator = Replicas::start(
+        1,
+        env,
+        &kubeconfig,
+        &format!("nodewarden-{}", env.id),
+        &jaeger.otlp_endpoint,
+        &["--sim-cloud", &r.sim.sim.addr],
+        &dir,
+    );
+    patch_node_version(
+        env,
+        json!({"spec": {"rollout": {"maxSurge": 10, "waves": [1, "10%", "100%"], "soakTime": "2s"}}}),
+    )
+    .await;
+    let took = roll_nodes(env, 10, "img-2", None).await;
+
+    // The spans go out as waves end; the rollout's root at its end.
+    let drawn = crate::support::wait_for(
+        "the timeline with three waves",
+        Duration::from_secs(60),
+        || async {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0);
+            let mut answers = Vec::new();
+            for operation in ["replace node", "rollout"] {
+                let uri = format!(
+                    "{}{}",
+                    jaeger.query,
+                    timeline::traces_query("nodewarden", operation, 0, now, 10_000)
+                );
+                if let Ok(body) = http_get(&uri).await {
+                    answers.extend(timeline::parse_traces(&body).unwrap_or_default());
+                }
+            }
+            let drawn = timeline::build(&answers, &timeline::Options::default());
+            let waves = drawn
+                .marks
+                .iter()
+                .filter(|m| m.kind == timeline::MarkKind::Wave)
+                .count();
+            match (waves, drawn.rows.len()) {
+                (3, 10) => crate::support::Probe::Done(drawn),
+                seen => crate::support::Probe::NotYet(format!("(waves, rows) {seen:?}: {:?}", drawn.marks)),
+            }
+        },
+    )
+    .await;
+    let labels: Vec<&str> = drawn.marks.iter().map(|m| m.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "wave 1",
+            "soak after wave 1",
+            "wave 2",
+            "soak after wave 2",
+            "wave 3"
+        ],
+        "{:?}",
+        drawn.marks
+    );
+    let (starts, ends): (Vec<u64>, Vec<u64>) = drawn.marks.iter().map(|m| (m.start, m.end)).unzip();
+    for i in 1..starts.len() {
+        assert!(
+            starts[i] >= ends[i - 1],
+            "{} begins after {} ends",
+            labels[i],
+            labels[i - 1]
+        );
+    }
+    for soak in drawn.marks.iter().filter(|m| m.kind == timeline::MarkKind::Soak) {
+        assert!(
+            soak.end - soak.start >= 2_000_000,
+            "{} lasts the soak time",
+            soak.label
+        );
+    }
+    // Each replacement within its wave: 1, 1 and 8 of them.
+    let waves: Vec<&timeline::Mark> = drawn
+        .marks
+        .iter()
+        .filter(|m| m.kind == timeline::MarkKind::Wave)
+        .collect();
+    let per_wave: Vec<usize> = waves
+        .iter()
+        .map(|w| {
+            drawn
+                .rows
+                .iter()
+                .filter(|r| r.extent().0 >= w.start && r.extent().0 <= w.end)
+                .count()
+        })
+        .collect();
+    assert_eq!(per_wave, [1, 1, 8], "replacements started per wave");
+    let gaps: Vec<String> = drawn
+        .marks
+        .windows(2)
+        .map(|w| {
+            format!(
+                "{} → {}: {:.1} s",
+                w[0].label,
+                w[1].label,
+                (w[1].start as f64 - w[0].start as f64) / 1e6
+            )
+        })
+        .collect();
+    println!("10 nodes in waves 1 / 10% / rest with a 2 s soak in {took:?}; from the timeline: {gaps:?}");
+    drop(operator);
+    assert_no_leak(&r).await;
+    r.sim.sim.kill().await;
+    r.env.cleanup().await;
 }

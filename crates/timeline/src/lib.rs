@@ -20,8 +20,8 @@ mod page;
 pub use fetch::{FetchError, fetch_traces};
 pub use jaeger::{Process, Reference, Span, Tag, TimelineError, Trace, parse_traces, traces_query};
 pub use model::{
-    LeaderChange, Options, Phase, RolloutSpan, Row, Sent, Step, Timeline, build, choose_rollout, in_progress,
-    leader_changes, replacement_rows, rollout_spans,
+    LeaderChange, Mark, MarkKind, Options, Phase, RolloutSpan, Row, Sent, Step, Timeline, build,
+    choose_rollout, in_progress, leader_changes, replacement_rows, rollout_marks, rollout_spans,
 };
 pub use page::{escape, format_duration, render, tick_step};
 
@@ -32,6 +32,14 @@ pub const REPLACE_NODE: &str = "replace node";
 /// The root span of a rollout, as nodewarden names it
 /// (`nodewarden::telemetry::trace::ROLLOUT`).
 pub const ROLLOUT: &str = "rollout";
+/// A rollout's wave (`nodewarden::telemetry::trace::ROLLOUT_WAVE`).
+pub const ROLLOUT_WAVE: &str = "rollout wave";
+/// The soak after a wave (`nodewarden::telemetry::trace::WAVE_SOAK`).
+pub const WAVE_SOAK: &str = "wave soak";
+/// A failure domain's replacements (`nodewarden::telemetry::trace::ROLLOUT_DOMAIN`).
+pub const ROLLOUT_DOMAIN: &str = "rollout domain";
+/// The rollout halted (`nodewarden::telemetry::trace::ROLLOUT_HALTED`).
+pub const ROLLOUT_HALTED: &str = "rollout halted";
 
 #[cfg(test)]
 mod tests;

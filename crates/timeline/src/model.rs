@@ -59,6 +59,63 @@ impl Row {
     }
 }
 
+/// What a mark of the rollout itself is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum MarkKind {
+    /// A failure domain's replacements (`rollout domain`).
+    Domain,
+    /// A wave, from its start to when it finished (`rollout wave`).
+    Wave,
+    /// The soak after a wave (`wave soak`).
+    Soak,
+    /// The rollout halted (`rollout halted`).
+    Halt,
+}
+
+/// A span of the rollout's own trace: a wave, a soak, a domain, a halt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// What it is.
+    pub kind: MarkKind,
+    /// Its label: "wave 2", "soak after wave 1", "zone=b", "halted".
+    pub label: String,
+    /// Start (µs).
+    pub start: u64,
+    /// End (µs).
+    pub end: u64,
+}
+
+/// The marks of the rollout `rollout_id` in `traces`, by start (a span
+/// seen in several answers counts once).
+pub fn rollout_marks(traces: &[Trace], rollout_id: &str) -> Vec<Mark> {
+    let mut seen = BTreeSet::new();
+    let mut marks = Vec::new();
+    for span in traces
+        .iter()
+        .filter(|t| t.trace_id == rollout_id)
+        .flat_map(|t| &t.spans)
+    {
+        let wave = || span.tag_str("nodewarden.wave");
+        let (kind, label) = match span.operation_name.as_str() {
+            crate::ROLLOUT_WAVE => (MarkKind::Wave, format!("wave {}", wave())),
+            crate::WAVE_SOAK => (MarkKind::Soak, format!("soak after wave {}", wave())),
+            crate::ROLLOUT_DOMAIN => (MarkKind::Domain, span.tag_str("nodewarden.domain")),
+            crate::ROLLOUT_HALTED => (MarkKind::Halt, "halted".to_string()),
+            _ => continue,
+        };
+        if seen.insert(span.span_id.as_str()) {
+            marks.push(Mark {
+                kind,
+                label,
+                start: span.start_time,
+                end: span.end_time(),
+            });
+        }
+    }
+    marks.sort_by_key(|m| (m.start, m.kind));
+    marks
+}
+
 /// The root span of a rollout trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RolloutSpan {
@@ -142,6 +199,8 @@ pub struct Timeline {
     pub end: u64,
     /// Rollouts in the answers that are not drawn (their trace ids).
     pub other_rollouts: Vec<String>,
+    /// The drawn rollout's waves, soaks, domains and halts.
+    pub marks: Vec<Mark>,
 }
 
 /// The replaced nodes in `traces` (traces without a `replace node` root
@@ -322,11 +381,16 @@ pub fn build(traces: &[Trace], options: &Options) -> Timeline {
         });
     }
 
+    let marks = rollout_id
+        .as_deref()
+        .map(|id| rollout_marks(traces, id))
+        .unwrap_or_default();
     let extents: Vec<(u64, u64)> = rows.iter().map(Row::extent).collect();
     let bounds = extents
         .iter()
         .copied()
-        .chain(rollout.as_ref().map(|r| (r.start, r.end)));
+        .chain(rollout.as_ref().map(|r| (r.start, r.end)))
+        .chain(marks.iter().map(|m| (m.start, m.end)));
     let start = bounds.clone().map(|b| b.0).min().unwrap_or(0);
     let end = bounds.map(|b| b.1).max().unwrap_or(start);
     // Asked for, else as the rollout's span recorded it.
@@ -346,5 +410,6 @@ pub fn build(traces: &[Trace], options: &Options) -> Timeline {
         end: end.max(start),
         other_rollouts: others.into_iter().collect(),
         rows,
+        marks,
     }
 }

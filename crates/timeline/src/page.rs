@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::model::{Row, Timeline};
+use crate::model::{Mark, MarkKind, Row, Timeline};
 
 /// The phases in the order a replacement goes through them, with their colours
 /// (Okabe–Ito, told apart with most colour-vision deficiencies).
@@ -98,6 +98,8 @@ const LANE_H: f64 = 16.0;
 const ROW_H: f64 = 22.0;
 const BAR_H: f64 = 14.0;
 const BUDGET_H: f64 = 110.0;
+/// The row of the rollout's own marks (domains, waves, soaks, a halt).
+const MARKS_H: f64 = 40.0;
 /// Row labels cut longer names (node and heir each).
 const NAME_MAX: usize = 30;
 /// About how wide a character is: of a node name (12 px), of its heir's
@@ -390,6 +392,7 @@ impl LeaderLabels {
 struct Layout {
     labels_top: f64,
     axis_top: f64,
+    marks_top: f64,
     rows_top: f64,
     budget_top: f64,
     budget_bottom: f64,
@@ -397,16 +400,18 @@ struct Layout {
 }
 
 impl Layout {
-    fn new(rows: usize, label_lanes: usize) -> Layout {
+    fn new(rows: usize, label_lanes: usize, marks: bool) -> Layout {
         let labels_top = 4.0;
         let axis_top = labels_top + label_lanes as f64 * LANE_H + 14.0;
-        let rows_top = axis_top + 8.0;
+        let marks_top = axis_top + 8.0;
+        let rows_top = marks_top + if marks { MARKS_H + 6.0 } else { 0.0 };
         let rows_bottom = rows_top + rows as f64 * ROW_H;
         let budget_top = rows_bottom + 34.0;
         let budget_bottom = budget_top + BUDGET_H;
         Layout {
             labels_top,
             axis_top,
+            marks_top,
             rows_top,
             budget_top,
             budget_bottom,
@@ -422,7 +427,7 @@ fn svg(t: &Timeline) -> String {
         x0: plot_x0(&t.rows),
     };
     let labels = LeaderLabels::new(t, &axis);
-    let layout = Layout::new(t.rows.len(), labels.lane_count);
+    let layout = Layout::new(t.rows.len(), labels.lane_count, !t.marks.is_empty());
     let height = layout.height;
 
     let mut s = String::new();
@@ -440,6 +445,7 @@ fn svg(t: &Timeline) -> String {
     }
     s.push_str(&ticks_svg(t, &axis, &layout));
     s.push_str(&failover_svg(t, &axis, &layout));
+    s.push_str(&marks_svg(&t.marks, &axis, layout.marks_top));
     for (i, row) in t.rows.iter().enumerate() {
         s.push_str(&row_svg(row, &axis, layout.rows_top + i as f64 * ROW_H));
     }
@@ -447,6 +453,50 @@ fn svg(t: &Timeline) -> String {
     // Leader changes last, over everything else.
     s.push_str(&leader_svg(t, &axis, &labels, &layout));
     s.push_str("</svg>\n");
+    s
+}
+
+/// The rollout's own row: domains as green bands, waves as blue bars over
+/// them, soaks as grey bars, a halt as a red line; each labelled, with its
+/// times on hover.
+fn marks_svg(marks: &[Mark], axis: &Axis, top: f64) -> String {
+    let mut s = String::new();
+    for m in marks {
+        let (x0, x1) = (axis.x(m.start), axis.x(m.end));
+        let title = format!(
+            "{}: {} to {} ({})",
+            m.label,
+            axis.offset(m.start),
+            axis.offset(m.end),
+            format_duration(m.end.saturating_sub(m.start))
+        );
+        let (y, h, fill, text_y) = match m.kind {
+            MarkKind::Domain => (top, MARKS_H, "#dcefe0", top + MARKS_H - 4.0),
+            MarkKind::Wave => (top + 4.0, 18.0, "#9ec1e6", top + 17.0),
+            MarkKind::Soak => (top + 4.0, 18.0, "#d0d0d0", top + 17.0),
+            MarkKind::Halt => {
+                let _ = writeln!(
+                    s,
+                    "<g><title>{}</title><line x1=\"{x0:.1}\" y1=\"{top:.1}\" x2=\"{x0:.1}\" y2=\"{:.1}\" stroke=\"{LEADER_COLOUR}\" stroke-width=\"2\"/>\
+                     <text x=\"{:.1}\" y=\"{:.1}\" fill=\"{LEADER_COLOUR}\" font-weight=\"600\">halted</text></g>",
+                    escape(&title),
+                    top + MARKS_H,
+                    x0 + 3.0,
+                    top + MARKS_H - 4.0
+                );
+                continue;
+            }
+        };
+        let _ = writeln!(
+            s,
+            "<g><title>{}</title><rect x=\"{x0:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{fill}\"/>\
+             <text x=\"{:.1}\" y=\"{text_y:.1}\" font-size=\"11\" fill=\"#333\">{}</text></g>",
+            escape(&title),
+            (x1 - x0).max(1.0),
+            x0 + 3.0,
+            escape(&m.label)
+        );
+    }
     s
 }
 

@@ -473,3 +473,54 @@ fn queries_name_the_operation_encoded() {
     );
     assert_eq!(percent_encode("a&b=c/ü"), "a%26b%3Dc%2F%C3%BC");
 }
+
+#[test]
+fn a_rollouts_waves_soaks_domains_and_halt_are_marked_on_its_own_row() {
+    let mut rollout = rollout_trace("R", 0.0, 30.0, "p1");
+    let tagged = |id: &str, op: &str, start: f64, end: f64, key: &str, value: &str| {
+        let mut s = span("R", id, op, start, end, "p1", Some("r0"));
+        s["tags"] = serde_json::json!([{"key": key, "type": "string", "value": value}]);
+        s
+    };
+    let marks = [
+        tagged("w1", ROLLOUT_WAVE, 0.0, 5.0, "nodewarden.wave", "1"),
+        tagged("s1", WAVE_SOAK, 5.0, 8.0, "nodewarden.wave", "1"),
+        tagged("w2", ROLLOUT_WAVE, 8.0, 20.0, "nodewarden.wave", "2"),
+        tagged("d1", ROLLOUT_DOMAIN, 0.0, 12.0, "nodewarden.domain", "zone=a"),
+        span("R", "h", ROLLOUT_HALTED, 25.0, 25.0, "p1", Some("r0")),
+    ];
+    let mut other = rollout_trace("OTHER", 0.0, 3.0, "p1");
+    if let Some(spans) = other["spans"].as_array_mut() {
+        spans.push(span("OTHER", "x", ROLLOUT_WAVE, 1.0, 2.0, "p1", Some("r0")));
+    }
+    if let Some(spans) = rollout["spans"].as_array_mut() {
+        spans.extend(marks);
+    }
+    let traces = parse(vec![
+        rollout.clone(),
+        rollout,
+        other,
+        replacement("A", "n1", "R", (1.0, 4.0, "p1"), &[("drain", 2.0, 3.0, "p1")]),
+    ]);
+    let got: Vec<(MarkKind, String, u64)> = rollout_marks(&traces, "R")
+        .into_iter()
+        .map(|m| (m.kind, m.label, m.start / 1_000_000))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (MarkKind::Domain, "zone=a".to_string(), 0),
+            (MarkKind::Wave, "wave 1".to_string(), 0),
+            (MarkKind::Soak, "soak after wave 1".to_string(), 5),
+            (MarkKind::Wave, "wave 2".to_string(), 8),
+            (MarkKind::Halt, "halted".to_string(), 25),
+        ],
+        "each once, of the drawn rollout only"
+    );
+    let timeline = build(&traces, &Options::default());
+    assert_eq!(timeline.marks.len(), 5);
+    let page = render(&timeline);
+    for text in [">wave 1<", ">soak after wave 1<", ">zone=a<", ">halted<"] {
+        assert!(page.contains(text), "{text} drawn");
+    }
+}

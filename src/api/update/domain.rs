@@ -16,6 +16,9 @@ pub struct DomainStatus {
     /// the label are the domain "".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current: Option<String>,
+    /// Since when the current domain is (for the rollout's trace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>,
     /// Domains with no outdated node left.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub done: Vec<String>,

@@ -16,6 +16,9 @@ pub struct WaveStatus {
     #[serde(default)]
     #[schemars(extend("format" = "int32"))]
     pub wave: u32,
+    /// When this wave started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<MicroTime>,
     /// When this wave finished (its soak began); unset while it runs. In
     /// microseconds: a soak of seconds must not end up to a second early.
     #[serde(default, skip_serializing_if = "Option::is_none")]

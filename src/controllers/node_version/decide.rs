@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -138,11 +139,20 @@ pub(super) fn facts<'a>(
     }
 }
 
-/// `status.domain` for the domains of the label `key`.
-pub(super) fn domain_status((key, domains): (&str, &Domains)) -> DomainStatus {
+/// `status.domain` for the domains of the label `key`, the current
+/// domain's start kept from `before` while it stays current.
+pub(super) fn domain_status((key, domains): (&str, &Domains), before: Option<&DomainStatus>) -> DomainStatus {
+    let since = match before {
+        Some(b) if b.current == domains.current => b.since.clone(),
+        _ => domains
+            .current
+            .as_ref()
+            .map(|_| MicroTime(k8s_openapi::jiff::Timestamp::now())),
+    };
     DomainStatus {
         key: key.to_string(),
         current: domains.current.clone(),
+        since,
         done: domains.done.clone(),
         waiting: domains.waiting.clone(),
     }

@@ -225,7 +225,9 @@ impl NodeVersionReconciler {
         let wave = self.wave(nv, &base, &in_force, &facts);
         facts.wave_starts = wave.as_ref().map(|w| w.starts);
         let domains = rollout::domains::domains(&facts);
-        let domain = topology_key.zip(domains.as_ref()).map(decide::domain_status);
+        let domain = topology_key
+            .zip(domains.as_ref())
+            .map(|of| decide::domain_status(of, base.domain.as_ref()));
         // Nodes wait while the control plane is upgraded in place.
         let steps = match control_plane.hold {
             true => Vec::new(),

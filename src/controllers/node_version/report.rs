@@ -4,7 +4,7 @@
 
 use std::time::SystemTime;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -18,7 +18,9 @@ use super::metrics::{NodeState, NodeStateLabels, NodeVersionLabels};
 use super::status::{Pass, next_status};
 use crate::api::conditions::set_condition;
 use crate::api::update::halt::RESUME_ANNOTATION;
-use crate::api::update::{DomainStatus, NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, condition};
+use crate::api::update::{
+    DomainStatus, NodeVersion, NodeVersionStatus, Rollout, RolloutHalt, WaveStatus, condition,
+};
 use crate::controllers::replacement_trace::{FinishedReplacement, trace_node_deleted, trace_rollout_end};
 use crate::error::Result;
 use crate::rollout::{self, Facts, waves::Allowance};
@@ -292,6 +294,7 @@ impl NodeVersionReconciler {
         }
         self.announce_halt(nv, before.halt.as_ref(), after.halt.as_ref());
         self.announce_domain(nv, before.domain.as_ref(), after.domain.as_ref());
+        announce_wave(nv, before.wave.as_ref(), after.wave.as_ref());
         let was = degraded(&before.rollout_conditions);
         if let Some((reason, message)) = degraded(&after.rollout_conditions)
             && was.as_ref().map(|b| &b.0) != Some(&reason)
@@ -345,10 +348,69 @@ impl NodeVersionReconciler {
     }
 }
 
+/// A span in `nv`'s rollout trace (one of several of its name: `key`
+/// tells them apart), from `start` to `end` (unset: now).
+fn rollout_span(
+    nv: &NodeVersion,
+    (name, key): (&'static str, &str),
+    (start, end): (Option<&MicroTime>, Option<&MicroTime>),
+    attrs: Vec<(&'static str, String)>,
+) {
+    let Some((tp, _)) = trace::from_annotations(nv.metadata.annotations.as_ref()) else {
+        return;
+    };
+    let end = end.map_or_else(SystemTime::now, |t| SystemTime::from(t.0));
+    let start = start.map_or(end, |t| SystemTime::from(t.0));
+    let mut span = trace::SpanRecord::new(name, start, end).attr("nodewarden.nodeversion", nv.name_any());
+    for (k, v) in attrs {
+        span = span.attr(k, v);
+    }
+    trace::emit_recurring_phase(&tp, key, span);
+}
+
+/// Spans for a wave that finished (from its start) and for a soak that
+/// ended (the next wave began).
+fn announce_wave(nv: &NodeVersion, before: Option<&WaveStatus>, after: Option<&WaveStatus>) {
+    let Some(after) = after else { return };
+    let same_target = before.filter(|b| b.target == after.target);
+    let wave = |w: &WaveStatus| ("nodewarden.wave", (w.wave + 1).to_string());
+    if after.finished_at.is_some()
+        && same_target.is_none_or(|b| b.wave != after.wave || b.finished_at.is_none())
+    {
+        let key = format!("{} {}", after.target, after.wave);
+        rollout_span(
+            nv,
+            (trace::ROLLOUT_WAVE, &key),
+            (after.started_at.as_ref(), after.finished_at.as_ref()),
+            vec![wave(after)],
+        );
+    }
+    if let Some(b) = same_target.filter(|b| b.wave < after.wave && b.finished_at.is_some()) {
+        let key = format!("{} {}", b.target, b.wave);
+        rollout_span(
+            nv,
+            (trace::WAVE_SOAK, &key),
+            (b.finished_at.as_ref(), after.started_at.as_ref()),
+            vec![wave(b)],
+        );
+    }
+}
+
 impl NodeVersionReconciler {
-    /// An Event when a failure domain's replacements begin.
+    /// An Event when a failure domain's replacements begin, and a span for
+    /// the domain before it.
     fn announce_domain(&self, nv: &NodeVersion, before: Option<&DomainStatus>, after: Option<&DomainStatus>) {
         let Some(after) = after else { return };
+        if let Some(b) = before.filter(|b| b.current.is_some() && b.current != after.current) {
+            let name = b.current.clone().unwrap_or_default();
+            let attrs = vec![("nodewarden.domain", format!("{}={name}", b.key))];
+            rollout_span(
+                nv,
+                (trace::ROLLOUT_DOMAIN, &name),
+                (b.since.as_ref(), None),
+                attrs,
+            );
+        }
         let Some(current) = &after.current else { return };
         if before.and_then(|b| b.current.as_ref()) == Some(current) {
             return;
