@@ -14,6 +14,9 @@
 //! - no worker instance is created while a control-plane node is outdated;
 //! - with one failure domain at a time, the nodes drained and not yet
 //!   retired are all of one domain;
+//! - with a wave's allowance, a plan starts (creates, or drains early) at
+//!   most that many replacements, besides the instances of nodes drained
+//!   before it (their replacement began with the drain);
 //! - planning again on the state the plan's own steps produce never repeats
 //!   a step, and the planner comes to rest: with events stopped, re-planning
 //!   reaches a fixed point within a few rounds;
@@ -39,6 +42,8 @@ struct World {
     control_plane_first: bool,
     /// Replace one failure domain at a time (nodes carry "", "za" or "zb").
     one_domain: bool,
+    /// The replacements a wave lets each plan start (None: no waves).
+    wave_starts: Option<usize>,
     /// Nodes at the start.
     base: usize,
     /// Nodes whose drain was requested before they had a Ready heir.
@@ -56,7 +61,7 @@ impl World {
             max_unavailable: self.max_unavailable,
             control_plane_first: self.control_plane_first,
             halted: false,
-            wave_starts: None,
+            wave_starts: self.wave_starts,
             one_domain_at_a_time: self.one_domain,
             unready_pods: 0,
         }
@@ -310,57 +315,84 @@ fn world() -> impl Strategy<Value = World> {
         0usize..3,
         any::<bool>(),
         any::<bool>(),
+        prop::option::of(1usize..3),
     )
-        .prop_map(|(groups, with_cp, surge, unavailable, cp_first, one_domain)| {
-            let mut w = World {
-                groups: Vec::new(),
-                nodes: Vec::new(),
-                joins: Vec::new(),
-                max_surge: surge,
-                max_unavailable: unavailable,
-                control_plane_first: cp_first,
-                one_domain,
-                base: 0,
-                drained_early: BTreeSet::new(),
-                next_id: 0,
-            };
-            // A rollout with neither budget cannot move; the resolved budgets
-            // never are both 0 (maxSurge defaults to 1).
-            if surge == 0 && unavailable == 0 {
-                w.max_surge = 1;
-            }
-            for (i, (outdated, current, image_ready)) in groups.into_iter().enumerate() {
-                let role = if i == 0 && with_cp {
-                    Role::ControlPlane
-                } else {
-                    Role::Worker
+        .prop_map(
+            |(groups, with_cp, surge, unavailable, cp_first, one_domain, wave_starts)| {
+                let mut w = World {
+                    groups: Vec::new(),
+                    nodes: Vec::new(),
+                    joins: Vec::new(),
+                    max_surge: surge,
+                    max_unavailable: unavailable,
+                    control_plane_first: cp_first,
+                    one_domain,
+                    wave_starts,
+                    base: 0,
+                    drained_early: BTreeSet::new(),
+                    next_id: 0,
                 };
-                let id = format!("g{i}");
-                w.groups.push(GroupFacts {
-                    id: id.clone(),
-                    role,
-                    image_ready,
-                });
-                for j in 0..outdated + current {
-                    w.nodes.push(NodeFacts {
-                        name: format!("{id}-n{j}"),
-                        group: id.clone(),
-                        up_to_date: j >= outdated,
-                        ready: true,
-                        domain: DOMAINS[(i + j) % DOMAINS.len()].to_string(),
-                        ..NodeFacts::default()
-                    });
+                // A rollout with neither budget cannot move; the resolved budgets
+                // never are both 0 (maxSurge defaults to 1).
+                if surge == 0 && unavailable == 0 {
+                    w.max_surge = 1;
                 }
-            }
-            w.base = w.nodes.len();
-            w
-        })
+                for (i, (outdated, current, image_ready)) in groups.into_iter().enumerate() {
+                    let role = if i == 0 && with_cp {
+                        Role::ControlPlane
+                    } else {
+                        Role::Worker
+                    };
+                    let id = format!("g{i}");
+                    w.groups.push(GroupFacts {
+                        id: id.clone(),
+                        role,
+                        image_ready,
+                    });
+                    for j in 0..outdated + current {
+                        w.nodes.push(NodeFacts {
+                            name: format!("{id}-n{j}"),
+                            group: id.clone(),
+                            up_to_date: j >= outdated,
+                            ready: true,
+                            domain: DOMAINS[(i + j) % DOMAINS.len()].to_string(),
+                            ..NodeFacts::default()
+                        });
+                    }
+                }
+                w.base = w.nodes.len();
+                w
+            },
+        )
 }
 
 /// Plans on `w`, checks each step, and carries out the steps (or, when
 /// `crash` is Some(k), only the first k, the k-th Pair half-written).
 fn reconcile(w: &mut World, crash: Option<usize>) -> Result<Vec<Step>, String> {
     let steps = plan(&w.facts());
+    if let Some(allowed) = w.wave_starts {
+        let started: usize = steps
+            .iter()
+            .map(|s| match s {
+                Step::Create { count, .. } => *count,
+                Step::Drain { node } => usize::from(
+                    w.node(node)
+                        .is_some_and(|n| !n.up_to_date && !n.obsolete && n.donor_to.is_none()),
+                ),
+                _ => 0,
+            })
+            .sum();
+        let drained_before = w
+            .nodes
+            .iter()
+            .filter(|n| !n.up_to_date && !n.obsolete && n.donor_to.is_none() && n.drain != DrainState::None)
+            .count();
+        if started > allowed + drained_before {
+            return Err(format!(
+                "{started} replacements started by one plan > the wave's {allowed} (+{drained_before} drained before): {steps:?}"
+            ));
+        }
+    }
     let mut seen = BTreeSet::new();
     for step in &steps {
         if !seen.insert(step.clone()) {

@@ -88,25 +88,13 @@ fn names(instances: &[InstanceView]) -> Vec<(String, u64, Option<u64>)> {
 /// replacements within it, and the gaps between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_timeline_shows_each_wave_and_soak_in_order() {
-    use crate::support::jaeger::{Jaeger, http_get};
-    use crate::support::replicas::{Replicas, replica_log_dir, service_account_kubeconfig};
+    use crate::support::jaeger::Jaeger;
     use nodewarden_timeline as timeline;
-    use std::time::{SystemTime, UNIX_EPOCH};
 
     let jaeger = Jaeger::start();
     let r = setup("wave-timeline", &[("workers", "Worker", 10)]).await;
     let env = &r.env;
-    let dir = replica_log_dir(&env.id);
-    let kubeconfig = service_account_kubeconfig(&env.client, &dir).await;
-    let operator = Replicas::start(
-        1,
-        env,
-        &kubeconfig,
-        &format!("nodewarden-{}", env.id),
-        &jaeger.otlp_endpoint,
-        &["--sim-cloud", &r.sim.sim.addr],
-        &dir,
-    );
+    let operator = r.start_traced_replica(&jaeger.otlp_endpoint).await;
     patch_node_version(
         env,
         json!({"spec": {"rollout": {"maxSurge": 10, "waves": [1, "10%", "100%"], "soakTime": "2s"}}}),
@@ -119,22 +107,7 @@ async fn the_timeline_shows_each_wave_and_soak_in_order() {
         "the timeline with three waves",
         Duration::from_secs(60),
         || async {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_micros() as u64)
-                .unwrap_or(0);
-            let mut answers = Vec::new();
-            for operation in ["replace node", "rollout"] {
-                let uri = format!(
-                    "{}{}",
-                    jaeger.query,
-                    timeline::traces_query("nodewarden", operation, 0, now, 10_000)
-                );
-                if let Ok(body) = http_get(&uri).await {
-                    answers.extend(timeline::parse_traces(&body).unwrap_or_default());
-                }
-            }
-            let drawn = timeline::build(&answers, &timeline::Options::default());
+            let drawn = timeline_of(&jaeger).await;
             let waves = drawn
                 .marks
                 .iter()
@@ -210,4 +183,23 @@ async fn the_timeline_shows_each_wave_and_soak_in_order() {
     assert_no_leak(&r).await;
     r.sim.sim.kill().await;
     r.env.cleanup().await;
+}
+
+/// The timeline of the latest rollout `jaeger` received, as
+/// `nodewarden-timeline` draws it.
+pub(crate) async fn timeline_of(jaeger: &crate::support::jaeger::Jaeger) -> nodewarden_timeline::Timeline {
+    use nodewarden_timeline as timeline;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let mut answers = Vec::new();
+    for operation in ["replace node", "rollout"] {
+        let query = timeline::traces_query("nodewarden", operation, 0, now, 10_000);
+        if let Ok(body) = crate::support::jaeger::http_get(&format!("{}{query}", jaeger.query)).await {
+            answers.extend(timeline::parse_traces(&body).unwrap_or_default());
+        }
+    }
+    timeline::build(&answers, &timeline::Options::default())
 }

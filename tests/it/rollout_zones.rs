@@ -1,15 +1,19 @@
 //! One zone at a time: nine nodes of one group spread over three zones
 //! (the sim-cloud balances new instances over them, as a cloud group does)
 //! are replaced with `topologyKey: topology.kubernetes.io/zone`, a surge of
-//! 3 and one node drained ahead. From a watch on the Nodes: no old node of
-//! one zone is cordoned while an old node of another is still there
-//! cordoned, and the zones go in order (real control plane, sim-cloud).
+//! 3 and one node drained ahead, by `nodewarden run` sending its traces to
+//! Jaeger. From a watch on the Nodes, and again from the rollout's
+//! timeline: no old node of one zone is disrupted (cordoned or drained)
+//! while an old node of another still is, and the zones go in order (real
+//! control plane, sim-cloud).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::etcd_members::times_reaching;
+use crate::rollout_waves::timeline_of;
+use crate::support::jaeger::Jaeger;
 use crate::support::rollout::*;
 use crate::support::{Probe, wait_for};
 use k8s_openapi::api::core::v1::Node;
@@ -17,6 +21,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use nodewarden::api::update::NodeVersion;
 use nodewarden::runtime::reflector::{Event, Reflector, ReflectorConfig};
+use nodewarden_timeline::MarkKind;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +30,7 @@ const ZONE: &str = "topology.kubernetes.io/zone";
 /// When an old node was first seen cordoned and when it was deleted.
 #[derive(Clone, Debug, Default)]
 struct Disruption {
+    node: String,
     zone: String,
     cordoned: Option<Duration>,
     deleted: Option<Duration>,
@@ -49,6 +55,7 @@ fn watch_disruptions(
         }
         let Ok(mut seen) = record.lock() else { return };
         let entry = seen.entry(node.name_any()).or_insert_with(|| Disruption {
+            node: node.name_any(),
             zone: node.labels().get(ZONE).cloned().unwrap_or_default(),
             ..Default::default()
         });
@@ -72,7 +79,8 @@ async fn three_zones_are_replaced_one_at_a_time_in_order() {
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
     let seen = watch_disruptions(env, stop.clone());
-    let op = r.start_operator().await;
+    let jaeger = Jaeger::start();
+    let operator = r.start_traced_replica(&jaeger.otlp_endpoint).await;
     patch_node_version(
         env,
         json!({"spec": {"rollout": {"maxSurge": 3, "maxUnavailable": 1, "topologyKey": ZONE}}}),
@@ -140,6 +148,61 @@ async fn three_zones_are_replaced_one_at_a_time_in_order() {
         .map(|(at, zone)| format!("{zone}@{:.1}s", at.as_secs_f64()))
         .collect();
     println!("9 nodes over 3 zones rolled one zone at a time in {took:?}; disruptions began: {spans:?}");
+
+    // The same from the timeline: each row's drain to its end, by zone.
+    let zone_of: BTreeMap<String, String> = seen.iter().map(|d| (d.node.clone(), d.zone.clone())).collect();
+    let drawn = wait_for(
+        "the timeline with three domains",
+        Duration::from_secs(60),
+        || async {
+            let drawn = timeline_of(&jaeger).await;
+            let domains = drawn.marks.iter().filter(|m| m.kind == MarkKind::Domain).count();
+            match (domains, drawn.rows.len()) {
+                (3, 9) => Probe::Done(drawn),
+                seen => Probe::NotYet(format!("(domains, rows) {seen:?}")),
+            }
+        },
+    )
+    .await;
+    let domains: Vec<&str> = drawn
+        .marks
+        .iter()
+        .filter(|m| m.kind == MarkKind::Domain)
+        .map(|m| m.label.as_str())
+        .collect();
+    let want: Vec<String> = ["zone-a", "zone-b", "zone-c"]
+        .iter()
+        .map(|z| format!("{ZONE}={z}"))
+        .collect();
+    assert_eq!(domains, want);
+    let drained: Vec<(&str, u64, u64)> = drawn
+        .rows
+        .iter()
+        .map(|row| {
+            let drain = row
+                .phases
+                .iter()
+                .find(|p| p.name == "drain")
+                .map_or(row.root.0, |p| p.start);
+            (
+                zone_of.get(&row.node).map_or("", String::as_str),
+                drain,
+                row.extent().1,
+            )
+        })
+        .collect();
+    for a in &drained {
+        for b in drained.iter().filter(|b| b.0 != a.0) {
+            assert!(
+                a.2 <= b.1 || b.2 <= a.1,
+                "the timeline shows {} and {} drained at once: {drained:?}",
+                a.0,
+                b.0
+            );
+        }
+    }
+    drop(operator);
     assert_no_leak(&r).await;
-    r.finish(op).await;
+    r.sim.sim.kill().await;
+    r.env.cleanup().await;
 }

@@ -411,6 +411,23 @@ impl Rollout {
             .await
     }
 
+    /// One `nodewarden run` over the sim-cloud as nodewarden's
+    /// ServiceAccount, sending its traces to `otlp_endpoint`.
+    pub async fn start_traced_replica(&self, otlp_endpoint: &str) -> super::replicas::Replicas {
+        let env = &self.env;
+        let dir = super::replicas::replica_log_dir(&env.id);
+        let kubeconfig = super::replicas::service_account_kubeconfig(&env.client, &dir).await;
+        super::replicas::Replicas::start(
+            1,
+            env,
+            &kubeconfig,
+            &format!("nodewarden-{}", env.id),
+            otlp_endpoint,
+            &["--sim-cloud", &self.sim.sim.addr],
+            &dir,
+        )
+    }
+
     /// Sets the sim-cloud's faults (`Faults::default()` clears them).
     pub async fn set_faults(&self, faults: &nodewarden::cloud::sim::wire::Faults) {
         self.sim
